@@ -1,0 +1,60 @@
+"""Domain errors. Each carries a stable ``code`` that the API and the console
+show to users; the HTTP status is the console's business, not the broker's."""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    code = "broker_error"
+
+    def __init__(self, detail: str, *, field_errors: dict[str, list[str]] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field_errors = field_errors or {}
+
+
+class InvalidInput(BrokerError):
+    code = "invalid"
+
+
+class QueueNotFound(BrokerError):
+    code = "queue_not_found"
+
+
+class MessageNotFound(BrokerError):
+    code = "message_not_found"
+
+
+class QueueIsDeadLetter(BrokerError):
+    """Applications publish to ordinary queues; only the broker dead-letters."""
+
+    code = "queue_is_dead_letter"
+
+
+class QueueNotEmpty(BrokerError):
+    code = "queue_not_empty"
+
+
+class QueueInUse(BrokerError):
+    code = "queue_in_use"
+
+
+class PayloadTooLarge(BrokerError):
+    code = "payload_too_large"
+
+    def __init__(self, detail: str, *, index: int, size: int, limit: int) -> None:
+        super().__init__(detail)
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+class BatchTooLarge(BrokerError):
+    code = "batch_too_large"
+
+
+class IllegalTransition(BrokerError):
+    """A message was asked to move between states the state machine does not
+    connect, or it was no longer in the state the caller expected."""
+
+    code = "illegal_transition"

@@ -1,0 +1,295 @@
+"""Lazaretto's data: queues, topics, subscriptions, messages and the audit log.
+
+Models hold data and constraints only. Every state change goes through a
+service function in ``broker.services``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+QUEUE_NAME_MAX_LENGTH = 48
+# IBM MQ object names: letters, digits, '.', '_', '/', '%'. ASCII only, so
+# names survive every system a message may be forwarded to.
+QUEUE_NAME_PATTERN = r"\A[A-Za-z0-9._/%]{1,48}\Z"
+queue_name_validator = RegexValidator(
+    QUEUE_NAME_PATTERN,
+    message=(
+        "Use 1 to 48 ASCII letters, digits and the characters . _ / %% "
+        "(no spaces or other characters)."
+    ),
+    code="invalid_name",
+)
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class MessageState(models.TextChoices):
+    TO_BE_DELIVERED = "TBDL", "To be delivered"
+    DELIVERING = "DLNG", "Delivering"
+    DELIVERED = "DLVD", "Delivered"
+    NOT_DELIVERABLE = "NDLV", "Not deliverable (blacklisted)"
+    FAILED = "FAIL", "Failed"
+
+
+class QueueKind(models.TextChoices):
+    STANDARD = "standard", "Standard"
+    DEAD_LETTER = "dead_letter", "Dead-letter"
+
+
+class Overflow(models.TextChoices):
+    REJECT_NEW = "reject_new", "Reject new messages"
+    DISCARD_OLD = "discard_old", "Discard old messages"
+
+
+class Queue(models.Model):
+    name = models.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
+    )
+    kind = models.CharField(max_length=16, choices=QueueKind.choices, default=QueueKind.STANDARD)
+    description = models.CharField(max_length=200, blank=True)
+    # A registered handler name or an http(s) webhook URL.
+    consumer = models.CharField(max_length=2048, blank=True)
+    batch_size = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+    lease_seconds = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    retry_limit = models.PositiveIntegerField(default=3)
+    retry_backoff_seconds = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
+    crash_threshold = models.PositiveIntegerField(default=2, validators=[MinValueValidator(1)])
+    poison_limit = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    max_messages = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    overflow = models.CharField(
+        max_length=16, choices=Overflow.choices, default=Overflow.REJECT_NEW
+    )
+    max_payload_bytes = models.PositiveIntegerField(
+        default=DEFAULT_MAX_PAYLOAD_BYTES, validators=[MinValueValidator(1)]
+    )
+    dead_letter_queue = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="feeding_queues"
+    )
+    paused = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(name__regex=QUEUE_NAME_PATTERN), name="queue_name_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_size__gte=1), name="queue_batch_size_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_messages__isnull=True) | Q(max_messages__gte=1),
+                name="queue_max_messages_positive",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind=QueueKind.DEAD_LETTER) | Q(dead_letter_queue__isnull=True),
+                name="queue_dead_letter_has_no_dead_letter_queue",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.kind == QueueKind.DEAD_LETTER
+
+
+class QueueDepth(models.Model):
+    """How many messages of a queue are in one state.
+
+    Maintained inside the same transaction as every insert, update and
+    delete of messages by statement-level triggers (migration 0002), so the
+    dashboard and depth limits read a handful of rows instead of counting
+    the message table. One row per (queue, state) that has ever held a
+    message.
+    """
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="depths")
+    state = models.CharField(max_length=4, choices=MessageState.choices)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "state"], name="queue_depth_unique"),
+            models.CheckConstraint(condition=Q(count__gte=0), name="queue_depth_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.state}: {self.count}"
+
+
+class Topic(models.Model):
+    """A named root of a topic tree; publications use topic strings below it."""
+
+    name = models.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
+    )
+    topic_string = models.CharField(max_length=1024, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Subscription(models.Model):
+    """Delivers copies of a topic's publications matching ``topic_filter``
+    into its own queue, within its own max-messages limit."""
+
+    name = models.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
+    )
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="subscriptions")
+    topic_filter = models.CharField(max_length=1024)
+    queue = models.OneToOneField(Queue, on_delete=models.PROTECT, related_name="subscription")
+    max_messages = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    overflow = models.CharField(
+        max_length=16, choices=Overflow.choices, default=Overflow.REJECT_NEW
+    )
+    discard_to_dead_letter = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_messages__isnull=True) | Q(max_messages__gte=1),
+                name="subscription_max_messages_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Message(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    # Indexed together with id below (message_queue_id_idx), not on its own.
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=100, default="application/octet-stream")
+    headers = models.JSONField(default=dict)
+    priority = models.PositiveSmallIntegerField(default=4)
+    state = models.CharField(
+        max_length=4, choices=MessageState.choices, default=MessageState.TO_BE_DELIVERED
+    )
+    available_at = models.DateTimeField(db_default=Now())
+    attempts = models.IntegerField(default=0)
+    crash_count = models.IntegerField(default=0)
+    suspect = models.BooleanField(default=False)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_deadline = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    # Set once the message has been dead-lettered: original queue, reason
+    # code, time, putting application and user, format, error text.
+    dead_letter = models.JSONField(null=True, blank=True)
+    put_application = models.CharField(max_length=28, blank=True)
+    put_user = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=MessageState.values), name="message_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=0, priority__lte=9), name="message_priority_0_9"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0), name="message_attempts_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(crash_count__gte=0), name="message_crash_count_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=MessageState.DELIVERING) | Q(lease_deadline__isnull=False),
+                name="message_delivering_has_lease",
+            ),
+        ]
+        indexes = [
+            # Browsing a queue newest or oldest first with keyset pagination:
+            #   SELECT … FROM broker_message WHERE queue_id = $1 [AND state = $2]
+            #   AND id < $cursor ORDER BY id DESC LIMIT n
+            models.Index(fields=["queue", "id"], name="message_queue_id_idx"),
+            # Claiming the next due messages of a queue:
+            #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
+            #   AND available_at <= now() ORDER BY priority DESC, id
+            #   LIMIT $batch FOR UPDATE SKIP LOCKED
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "id",
+                name="message_ready_idx",
+                condition=Q(state=MessageState.TO_BE_DELIVERED),
+            ),
+            # The sweeper's scan for deliveries whose lease ran out or whose
+            # worker died:
+            #   SELECT id FROM broker_message WHERE state = 'DLNG'
+            #   AND lease_deadline < now() FOR UPDATE SKIP LOCKED
+            models.Index(
+                fields=["lease_deadline"],
+                name="message_in_flight_idx",
+                condition=Q(state=MessageState.DELIVERING),
+            ),
+            # The blacklist, per queue, in quarantine order:
+            #   SELECT … FROM broker_message WHERE state = 'NDLV'
+            #   [AND queue_id = $1] ORDER BY id DESC LIMIT n
+            models.Index(
+                fields=["queue", "id"],
+                name="message_blacklist_idx",
+                condition=Q(state=MessageState.NOT_DELIVERABLE),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"message {self.id} ({self.state})"
+
+
+class AuditEvent(models.Model):
+    """Who did what to which message, when and why.
+
+    Message and queue are stored by value, not by foreign key: the event
+    must outlive a purged message or a deleted queue.
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    # "system" for automatic actions (sweeper, overflow), else the username.
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
+    message_id = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # A message's audit timeline:
+            #   SELECT … FROM broker_auditevent WHERE message_id = $1 ORDER BY id
+            models.Index(
+                fields=["message_id", "id"],
+                name="audit_message_idx",
+                condition=Q(message_id__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.action} {self.message_id or self.queue_name}"

@@ -1,0 +1,53 @@
+"""Reads. Nothing here counts the message table: depths come from the
+per-queue counters kept by triggers (see migration 0002), lists use keyset
+pagination over the indexes named in broker.models."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.errors import MessageNotFound
+from broker.models import Message, MessageState, Queue, QueueDepth
+
+
+@dataclass(frozen=True)
+class QueueSummary:
+    queue: Queue
+    depth: dict[str, int]
+
+    @property
+    def waiting(self) -> int:
+        return self.depth[MessageState.TO_BE_DELIVERED]
+
+    @property
+    def in_flight(self) -> int:
+        return self.depth[MessageState.DELIVERING]
+
+
+def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+    """Each queue's message count by state, every state present."""
+    depths: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(MessageState.values, 0))
+    ids = list(queue_ids)
+    for queue_id in ids:
+        depths[queue_id]
+    for queue_id, state, count in QueueDepth.objects.filter(queue_id__in=ids).values_list(
+        "queue_id", "state", "count"
+    ):
+        depths[queue_id][state] = count
+    return dict(depths)
+
+
+def queue_summaries() -> list[QueueSummary]:
+    """Every queue with its depth by state: two queries whatever the backlog."""
+    queues = list(Queue.objects.select_related("dead_letter_queue").order_by("kind", "name"))
+    depths = queue_depths(queue_ids=[queue.id for queue in queues])
+    return [QueueSummary(queue=queue, depth=depths[queue.id]) for queue in queues]
+
+
+def message_get(*, message_id: int) -> Message:
+    try:
+        return Message.objects.select_related("queue").get(id=message_id)
+    except Message.DoesNotExist:
+        raise MessageNotFound(f"There is no message {message_id}.") from None

@@ -1,0 +1,1 @@
+"""Broker services: every write in Lazaretto goes through one of these."""

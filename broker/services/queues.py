@@ -1,0 +1,147 @@
+"""Creating, changing and deleting queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
+from broker.models import MessageState, Queue, QueueDepth, QueueKind
+from broker.services.audit import Actor, audit_record
+
+# Settings an operator may change after creation. The name is fixed: other
+# queues, rules tables and applications refer to it.
+EDITABLE_FIELDS = frozenset(
+    {
+        "kind",
+        "description",
+        "consumer",
+        "batch_size",
+        "lease_seconds",
+        "retry_limit",
+        "retry_backoff_seconds",
+        "crash_threshold",
+        "poison_limit",
+        "max_messages",
+        "overflow",
+        "max_payload_bytes",
+        "dead_letter_queue",
+        "paused",
+    }
+)
+# States whose messages still need something to happen to them.
+LIVE_STATES = (MessageState.TO_BE_DELIVERED, MessageState.DELIVERING, MessageState.NOT_DELIVERABLE)
+
+
+def queue_get(*, name: str) -> Queue:
+    try:
+        return Queue.objects.select_related("dead_letter_queue").get(name=name)
+    except Queue.DoesNotExist:
+        raise QueueNotFound(f"There is no queue named {name!r}.") from None
+
+
+def _save_validated(queue: Queue, *, exclude_unique: bool = False) -> None:
+    if queue.kind == QueueKind.DEAD_LETTER:
+        queue.dead_letter_queue = None
+    try:
+        queue.full_clean(validate_unique=not exclude_unique)
+    except ValidationError as error:
+        raise InvalidInput(
+            "The queue settings are not valid.", field_errors=error.message_dict
+        ) from None
+    if queue.dead_letter_queue is not None and not queue.dead_letter_queue.is_dead_letter:
+        raise InvalidInput(
+            "The dead-letter queue must be a queue of kind dead_letter.",
+            field_errors={
+                "dead_letter_queue": [f"{queue.dead_letter_queue.name} is not a dead-letter queue."]
+            },
+        )
+    queue.save()
+
+
+@transaction.atomic
+def queue_create(*, name: str, actor: Actor = None, **fields: Any) -> Queue:
+    """Create a queue. A standard queue without an explicit dead-letter queue
+    dead-letters to the system dead-letter queue."""
+    unknown = set(fields) - EDITABLE_FIELDS
+    if unknown:
+        raise InvalidInput(
+            "Unknown queue settings.", field_errors={key: ["Unknown setting."] for key in unknown}
+        )
+    queue = Queue(name=name, **fields)
+    if (
+        "dead_letter_queue" not in fields
+        and queue.kind == QueueKind.STANDARD
+        and name != settings.LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE
+    ):
+        queue.dead_letter_queue = Queue.objects.filter(
+            name=settings.LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE, kind=QueueKind.DEAD_LETTER
+        ).first()
+    _save_validated(queue)
+    audit_record(action="queue_create", actor=actor, queue_name=queue.name)
+    return queue
+
+
+@transaction.atomic
+def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
+    """Change a queue's settings; the name cannot change."""
+    if "name" in fields and fields.pop("name") != queue.name:
+        raise InvalidInput(
+            "A queue cannot be renamed.", field_errors={"name": ["A queue cannot be renamed."]}
+        )
+    unknown = set(fields) - EDITABLE_FIELDS
+    if unknown:
+        raise InvalidInput(
+            "Unknown queue settings.", field_errors={key: ["Unknown setting."] for key in unknown}
+        )
+    if fields.get("kind") == QueueKind.DEAD_LETTER and queue.kind != QueueKind.DEAD_LETTER:
+        _refuse_if_live(queue, "become a dead-letter queue")
+    changed = {key: value for key, value in fields.items() if getattr(queue, key) != value}
+    for key, value in changed.items():
+        setattr(queue, key, value)
+    _save_validated(queue, exclude_unique=True)
+    if changed:
+        audit_record(
+            action="queue_update",
+            actor=actor,
+            queue_name=queue.name,
+            details={"changed": sorted(changed)},
+        )
+    return queue
+
+
+def _refuse_if_live(queue: Queue, what: str) -> None:
+    live = sum(
+        QueueDepth.objects.filter(queue=queue, state__in=LIVE_STATES).values_list(
+            "count", flat=True
+        )
+    )
+    if live:
+        raise QueueNotEmpty(
+            f"{queue.name} still holds {live} waiting, in-flight or blacklisted "
+            f"message(s); it cannot {what}. Purge or drain it first."
+        )
+
+
+@transaction.atomic
+def queue_delete(*, queue: Queue, actor: Actor = None) -> None:
+    """Delete a queue and its delivered and failed history. Refused while it
+    holds messages that still need handling, while other queues dead-letter
+    to it, or while a subscription delivers into it."""
+    # Lock the queue row so no publish slips in between the check and the delete.
+    queue = Queue.objects.select_for_update().get(pk=queue.pk)
+    _refuse_if_live(queue, "be deleted")
+    feeding = list(queue.feeding_queues.values_list("name", flat=True)[:5])
+    if feeding:
+        raise QueueInUse(
+            f"{queue.name} is the dead-letter queue of {', '.join(feeding)}; "
+            "point them elsewhere first."
+        )
+    if hasattr(queue, "subscription"):
+        raise QueueInUse(f"{queue.name} belongs to subscription {queue.subscription.name}.")
+    name = queue.name
+    queue.delete()
+    audit_record(action="queue_delete", actor=actor, queue_name=name)

@@ -1,0 +1,104 @@
+"""Every API error is JSON: ``{"code", "detail", "field_errors"?}``.
+
+``code`` is stable and meant for programs; ``detail`` is for people.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from broker import errors as broker_errors
+
+BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
+    broker_errors.InvalidInput: status.HTTP_400_BAD_REQUEST,
+    broker_errors.BatchTooLarge: status.HTTP_400_BAD_REQUEST,
+    broker_errors.QueueNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.MessageNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    broker_errors.QueueIsDeadLetter: status.HTTP_409_CONFLICT,
+    broker_errors.QueueNotEmpty: status.HTTP_409_CONFLICT,
+    broker_errors.QueueInUse: status.HTTP_409_CONFLICT,
+    broker_errors.IllegalTransition: status.HTTP_409_CONFLICT,
+}
+
+DRF_CODES: dict[type[exceptions.APIException], str] = {
+    exceptions.ParseError: "malformed_request",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+}
+
+
+def error_body(code: str, detail: str, field_errors: Any = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "detail": detail}
+    if field_errors:
+        body["field_errors"] = field_errors
+    body.update(extra)
+    return body
+
+
+def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error structure as ``{"messages[2].priority": [...]}``."""
+    flat: dict[str, list[str]] = {}
+    if isinstance(errors, dict):
+        for key, value in errors.items():
+            if key == "non_field_errors" and prefix:
+                # A list-level error ("too many items") belongs to the list itself.
+                flat.update(_flatten(value, prefix))
+            else:
+                flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(errors, list) and errors and all(isinstance(e, str) for e in errors):
+        flat[prefix or "non_field_errors"] = [str(e) for e in errors]
+    elif isinstance(errors, list):
+        for index, value in enumerate(errors):
+            if value:
+                flat.update(_flatten(value, f"{prefix}[{index}]"))
+    else:
+        flat[prefix or "non_field_errors"] = [str(errors)]
+    return flat
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, broker_errors.BrokerError):
+        extra: dict[str, Any] = {}
+        if isinstance(exc, broker_errors.PayloadTooLarge):
+            extra = {"index": exc.index, "size": exc.size, "limit": exc.limit}
+        http_status = BROKER_STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST)
+        return Response(
+            error_body(exc.code, exc.detail, exc.field_errors, **extra), status=http_status
+        )
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            error_body("request_too_large", "The request body is larger than this server accepts."),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        field_errors = _flatten(exc.detail)
+        summary = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in field_errors.items())
+        response.data = error_body("invalid", f"The request is not valid. {summary}", field_errors)
+    elif isinstance(exc, exceptions.APIException):
+        code = DRF_CODES.get(type(exc), exc.default_code)
+        response.data = error_body(code, str(exc.detail))
+    return response
+
+
+def not_found_json(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(
+        error_body("not_found", f"Nothing is at {request.path}."), status=status.HTTP_404_NOT_FOUND
+    )

@@ -1,0 +1,179 @@
+"""Input parsing and output shapes of the REST API. No business rules here:
+the broker services validate and write."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from broker.models import Message, MessageState, Queue, QueueKind
+from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
+
+
+class QueueSerializer(serializers.ModelSerializer[Queue]):
+    dead_letter_queue = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER),
+        allow_null=True,
+        required=False,
+        help_text="Name of the dead-letter queue; defaults to SYSTEM.DEAD.LETTER.QUEUE.",
+    )
+    depth = serializers.SerializerMethodField(
+        help_text="Messages by state: TBDL, DLNG, DLVD, NDLV, FAIL."
+    )
+
+    class Meta:
+        model = Queue
+        fields = [
+            "name",
+            "kind",
+            "description",
+            "consumer",
+            "batch_size",
+            "lease_seconds",
+            "retry_limit",
+            "retry_backoff_seconds",
+            "crash_threshold",
+            "poison_limit",
+            "max_messages",
+            "overflow",
+            "max_payload_bytes",
+            "dead_letter_queue",
+            "paused",
+            "depth",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def get_depth(self, queue: Queue) -> dict[str, int]:
+        depths: dict[int, dict[str, int]] = self.context.get("depths", {})
+        return depths.get(queue.id, dict.fromkeys(MessageState.values, 0))
+
+
+class MessageInSerializer(serializers.Serializer[NewMessage]):
+    payload = serializers.CharField(
+        allow_blank=True, trim_whitespace=False, help_text="The body, as text or base64."
+    )
+    payload_encoding = serializers.ChoiceField(
+        choices=["string", "base64"],
+        default="string",
+        help_text="How `payload` is written: `string` (UTF-8 text) or `base64` (any bytes).",
+    )
+    content_type = serializers.CharField(max_length=100, default="application/octet-stream")
+    headers = serializers.JSONField(default=dict, help_text="A flat object of string values.")
+    priority = serializers.IntegerField(min_value=0, max_value=9, default=4)
+    delay_seconds = serializers.IntegerField(min_value=0, max_value=MAX_DELAY_SECONDS, default=0)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["payload_encoding"] == "base64":
+            try:
+                attrs["payload"] = base64.b64decode(attrs["payload"], validate=True)
+            except (binascii.Error, ValueError):
+                raise serializers.ValidationError({"payload": ["Not valid base64."]}) from None
+        else:
+            attrs["payload"] = attrs["payload"].encode()
+        return attrs
+
+    def to_new_message(self, attrs: dict[str, Any]) -> NewMessage:
+        return NewMessage(
+            payload=attrs["payload"],
+            content_type=attrs["content_type"],
+            headers=attrs["headers"],
+            priority=attrs["priority"],
+            delay_seconds=attrs["delay_seconds"],
+        )
+
+
+class PublishSerializer(serializers.Serializer[list[NewMessage]]):
+    messages = MessageInSerializer(  # type: ignore[call-arg]  # many=True builds a ListSerializer
+        many=True, allow_empty=False, max_length=settings.LAZARETTO_MAX_PUBLISH_BATCH
+    )
+
+    def new_messages(self) -> list[NewMessage]:
+        child = MessageInSerializer()
+        return [child.to_new_message(attrs) for attrs in self.validated_data["messages"]]
+
+
+class PublishResultSerializer(serializers.Serializer[dict[str, Any]]):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField())
+
+
+def payload_text(payload: bytes) -> tuple[str, str]:
+    """The payload as (text, "string") when it is UTF-8, else (base64, "base64")."""
+    try:
+        return payload.decode(), "string"
+    except UnicodeDecodeError:
+        return base64.b64encode(payload).decode(), "base64"
+
+
+class MessageListSerializer(serializers.ModelSerializer[Message]):
+    queue = serializers.CharField(source="queue.name", read_only=True)
+    payload_bytes = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "queue",
+            "state",
+            "priority",
+            "content_type",
+            "headers",
+            "payload_bytes",
+            "attempts",
+            "crash_count",
+            "suspect",
+            "available_at",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class MessageSerializer(serializers.ModelSerializer[Message]):
+    queue = serializers.CharField(source="queue.name", read_only=True)
+    payload = serializers.SerializerMethodField()
+    payload_encoding = serializers.SerializerMethodField()
+    payload_bytes = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "queue",
+            "state",
+            "priority",
+            "content_type",
+            "headers",
+            "payload",
+            "payload_encoding",
+            "payload_bytes",
+            "attempts",
+            "crash_count",
+            "suspect",
+            "available_at",
+            "lease_owner",
+            "lease_deadline",
+            "last_error",
+            "dead_letter",
+            "put_application",
+            "put_user",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_payload(self, message: Message) -> str:
+        return payload_text(bytes(message.payload))[0]
+
+    def get_payload_encoding(self, message: Message) -> str:
+        return payload_text(bytes(message.payload))[1]
+
+    def get_payload_bytes(self, message: Message) -> int:
+        return len(message.payload)

@@ -1,0 +1,115 @@
+"""Typed readers for settings that come from the environment.
+
+Each reader fails loudly, naming the variable, when a value is present but
+wrong: a typo in production configuration must stop start-up, not silently
+fall back to a default.
+"""
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_SPARK_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|(spark|k8s|mesos)://\S+|yarn)$"
+)
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None else value.strip()
+
+
+def _bad(name: str, value: str, expected: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{name}: {value!r} is not valid; expected {expected}.")
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise _bad(name, value, "one of 1/0, true/false, yes/no, on/off")
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    value = _raw(name)
+    if value:
+        return value
+    if default is None:
+        raise ImproperlyConfigured(f"{name}: not set and has no default; see .env.example.")
+    return default
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = _raw(name)
+    if value is None:
+        return default
+    items = [item.strip() for item in value.split(",")]
+    if not all(items):
+        raise _bad(name, value, "a comma-separated list without empty items")
+    return items
+
+
+def env_database(name: str) -> dict[str, Any]:
+    url = env_str(name)
+    scheme = urlsplit(url).scheme
+    if scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise _bad(name, url, "a postgres://user:password@host:port/dbname URL")
+    try:
+        config = environ.Env.db_url_config(url)
+    except (ValueError, KeyError) as error:
+        raise _bad(name, url, f"a postgres:// URL ({error})") from error
+    if not config.get("NAME"):
+        raise _bad(name, url, "a URL that names the database")
+    config["ENGINE"] = "django.db.backends.postgresql"
+    return config
+
+
+def env_redis_url(name: str, default: str) -> str:
+    url = env_str(name, default)
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a non-numeric port
+    except ValueError as error:
+        raise _bad(name, url, "a redis://host:port/db URL") from error
+    if parts.scheme not in {"redis", "rediss"} or not parts.hostname:
+        raise _bad(name, url, "a redis://host:port/db URL")
+    return url
+
+
+def env_spark_master(name: str, default: str) -> str:
+    value = env_str(name, default)
+    if not _SPARK_MASTER.match(value):
+        raise _bad(name, value, "local, local[N], local[*], spark://host:port, k8s://… or yarn")
+    return value
+
+
+def env_path(name: str, default: Path) -> Path:
+    value = _raw(name)
+    path = Path(value) if value else default
+    if path.exists() and not path.is_dir():
+        raise _bad(name, str(path), "a directory (the path exists and is a file)")
+    return path
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    value = _raw(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(name, value, "a whole number") from None
+    if number < minimum:
+        raise _bad(name, value, f"a whole number of at least {minimum}")
+    return number

@@ -1,0 +1,90 @@
+"""A small cast reused across tests: an admin, an operator, a viewer and an
+outsider (logged in, no role), each with an API client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from broker.models import Queue
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+
+
+def _user(username: str, group: str | None) -> User:
+    user = User.objects.create_user(username=username, password=f"{username}-password-1")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+@pytest.fixture
+def admin(db: None) -> User:
+    return _user("alice", "admin")
+
+
+@pytest.fixture
+def operator(db: None) -> User:
+    return _user("oscar", "operator")
+
+
+@pytest.fixture
+def viewer(db: None) -> User:
+    return _user("vera", "viewer")
+
+
+@pytest.fixture
+def outsider(db: None) -> User:
+    return _user("olga", None)
+
+
+def _client(user: User) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+@pytest.fixture
+def admin_api(admin: User) -> APIClient:
+    return _client(admin)
+
+
+@pytest.fixture
+def operator_api(operator: User) -> APIClient:
+    return _client(operator)
+
+
+@pytest.fixture
+def viewer_api(viewer: User) -> APIClient:
+    return _client(viewer)
+
+
+@pytest.fixture
+def outsider_api(outsider: User) -> APIClient:
+    return _client(outsider)
+
+
+@pytest.fixture
+def anonymous_api() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def orders(db: None) -> Queue:
+    return queue_create(name="ORDERS.IN", consumer="log")
+
+
+@pytest.fixture
+def publish(db: None) -> Callable[..., list[int]]:
+    """Publish ``count`` small text messages to a queue; returns their ids."""
+
+    def _publish(queue: Queue, count: int = 1, payload: bytes = b"hello") -> list[int]:
+        return messages_publish(
+            queue_name=queue.name, messages=[NewMessage(payload=payload)] * count
+        )
+
+    return _publish

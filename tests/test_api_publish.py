@@ -1,0 +1,214 @@
+import base64
+import json
+
+import pytest
+from django.db import connection
+
+from broker.models import Message, MessageState, Queue
+
+pytestmark = pytest.mark.django_db
+
+
+def url(queue: str) -> str:
+    return f"/api/v1/queues/{queue}/messages/"
+
+
+def stored() -> int:
+    return Message.objects.count()
+
+
+def test_it_stores_a_batch_of_1000_as_tbdl(operator_api, orders):
+    batch = [{"payload": f"order {n}", "headers": {"n": str(n)}} for n in range(1000)]
+
+    response = operator_api.post(url("ORDERS.IN"), {"messages": batch}, format="json")
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["count"] == 1000
+    assert len(set(response.json()["ids"])) == 1000
+    assert Message.objects.filter(queue=orders, state=MessageState.TO_BE_DELIVERED).count() == 1000
+    first = Message.objects.get(id=response.json()["ids"][0])
+    assert bytes(first.payload) == b"order 0"
+    assert first.headers == {"n": "0"}
+    assert first.put_user == "oscar"
+
+
+def test_it_publishes_a_single_message_object(operator_api, orders):
+    response = operator_api.post(
+        url("ORDERS.IN"),
+        {
+            "payload": "aGk=",
+            "payload_encoding": "base64",
+            "priority": 9,
+            "content_type": "text/plain",
+        },
+        format="json",
+    )
+
+    assert response.status_code == 201
+    message = Message.objects.get(id=response.json()["ids"][0])
+    assert bytes(message.payload) == b"hi"
+    assert message.priority == 9
+    assert message.content_type == "text/plain"
+
+
+def test_it_rejects_a_batch_with_one_oversized_payload_and_stores_nothing(operator_api, orders):
+    batch = [{"payload": "small"} for _ in range(10)]
+    batch[7] = {"payload": "x" * (1024 * 1024 + 1)}
+
+    response = operator_api.post(url("ORDERS.IN"), {"messages": batch}, format="json")
+
+    assert response.status_code == 413
+    body = response.json()
+    assert body["code"] == "payload_too_large"
+    assert body["index"] == 7
+    assert "Message 7" in body["detail"]
+    assert stored() == 0
+
+
+def test_the_payload_limit_follows_the_queues_setting(operator_api, orders):
+    Queue.objects.filter(pk=orders.pk).update(max_payload_bytes=4)
+
+    assert (
+        operator_api.post(url("ORDERS.IN"), {"payload": "1234"}, format="json").status_code == 201
+    )
+    response = operator_api.post(url("ORDERS.IN"), {"payload": "12345"}, format="json")
+    assert response.status_code == 413
+    assert stored() == 1
+
+
+def test_it_answers_404_for_an_unknown_queue(operator_api, db):
+    response = operator_api.post(url("NO.SUCH.QUEUE"), {"payload": "x"}, format="json")
+
+    assert response.status_code == 404
+    assert response.json()["code"] == "queue_not_found"
+    assert "NO.SUCH.QUEUE" in response.json()["detail"]
+    assert stored() == 0
+
+
+def test_it_rejects_malformed_json(operator_api, orders):
+    response = operator_api.post(
+        url("ORDERS.IN"), data='{"payload": "x",', content_type="application/json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "malformed_request"
+    assert response.json()["detail"]
+    assert stored() == 0
+
+
+@pytest.mark.parametrize("headers", [["a", "b"], "a=b", 5, {"n": 1}, {"nested": {"a": "b"}}])
+def test_it_rejects_headers_that_are_not_a_flat_object_of_strings(operator_api, orders, headers):
+    response = operator_api.post(
+        url("ORDERS.IN"), {"payload": "x", "headers": headers}, format="json"
+    )
+
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert "messages[0].headers" in body["field_errors"]
+    assert stored() == 0
+
+
+@pytest.mark.parametrize("priority", [12, -1, "high", 4.5])
+def test_it_rejects_a_priority_outside_0_to_9(operator_api, orders, priority):
+    response = operator_api.post(
+        url("ORDERS.IN"), {"payload": "x", "priority": priority}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "messages[0].priority" in response.json()["field_errors"]
+    assert stored() == 0
+
+
+def test_a_bad_item_anywhere_rejects_the_whole_batch(operator_api, orders):
+    batch = [{"payload": "ok"}] * 5 + [{"payload": "x", "priority": 12}]
+
+    response = operator_api.post(url("ORDERS.IN"), {"messages": batch}, format="json")
+
+    assert response.status_code == 400
+    assert "messages[5].priority" in response.json()["field_errors"]
+    assert stored() == 0
+
+
+def test_it_refuses_publishing_straight_to_a_dead_letter_queue(operator_api, db):
+    response = operator_api.post(url("SYSTEM.DEAD.LETTER.QUEUE"), {"payload": "x"}, format="json")
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "queue_is_dead_letter"
+    assert stored() == 0
+
+
+def test_it_refuses_a_batch_over_1000(operator_api, orders):
+    response = operator_api.post(
+        url("ORDERS.IN"), {"messages": [{"payload": "x"}] * 1001}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "messages" in response.json()["field_errors"]
+    assert stored() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": []}, "messages"),
+        ({"payload": "%%%", "payload_encoding": "base64"}, "messages[0].payload"),
+        ({"payload": "x", "payload_encoding": "rot13"}, "messages[0].payload_encoding"),
+        ({"headers": {}}, "messages[0].payload"),
+        ({"payload": "x", "delay_seconds": -5}, "messages[0].delay_seconds"),
+        ({"payload": "x", "content_type": "t" * 101}, "messages[0].content_type"),
+    ],
+)
+def test_it_names_the_field_of_other_bad_input(operator_api, orders, body, field):
+    response = operator_api.post(url("ORDERS.IN"), body, format="json")
+
+    assert response.status_code == 400
+    assert field in response.json()["field_errors"]
+    assert stored() == 0
+
+
+def test_it_answers_401_without_credentials(anonymous_api, orders):
+    response = anonymous_api.post(url("ORDERS.IN"), {"payload": "x"}, format="json")
+
+    assert response.status_code == 401
+    assert response.json()["code"] == "not_authenticated"
+    assert stored() == 0
+
+
+def test_a_viewer_cannot_publish(viewer_api, orders):
+    response = viewer_api.post(url("ORDERS.IN"), {"payload": "x"}, format="json")
+
+    assert response.status_code == 403
+    assert response.json()["code"] == "permission_denied"
+    assert stored() == 0
+
+
+def test_a_publish_keeps_binary_payloads_intact(operator_api, admin_api, orders):
+    raw = bytes(range(256))
+    response = operator_api.post(
+        url("ORDERS.IN"),
+        {"payload": base64.b64encode(raw).decode(), "payload_encoding": "base64"},
+        format="json",
+    )
+
+    detail = admin_api.get(f"/api/v1/messages/{response.json()['ids'][0]}/").json()
+    assert detail["payload_encoding"] == "base64"
+    assert base64.b64decode(detail["payload"]) == raw
+    assert detail["payload_bytes"] == 256
+
+
+def test_the_depth_counters_match_the_rows_after_publishing(operator_api, orders):
+    operator_api.post(url("ORDERS.IN"), [{"payload": "a"}] * 7, format="json")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count FROM broker_queuedepth WHERE queue_id = %s AND state = 'TBDL'",
+            [orders.id],
+        )
+        assert cursor.fetchone() == (7,)
+    assert (
+        json.loads(json.dumps(operator_api.get("/api/v1/queues/ORDERS.IN/").json()))["depth"][
+            "TBDL"
+        ]
+        == 7
+    )

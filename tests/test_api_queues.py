@@ -1,0 +1,181 @@
+import pytest
+
+from broker.models import AuditEvent, Queue
+
+pytestmark = pytest.mark.django_db
+
+QUEUES = "/api/v1/queues/"
+
+
+def test_an_admin_creates_a_queue_that_dead_letters_to_the_system_queue(admin_api):
+    response = admin_api.post(QUEUES, {"name": "PAYROLL.IN", "batch_size": 50}, format="json")
+
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["name"] == "PAYROLL.IN"
+    assert body["batch_size"] == 50
+    assert body["crash_threshold"] == 2
+    assert body["poison_limit"] == 5
+    assert body["max_payload_bytes"] == 1024 * 1024
+    assert body["dead_letter_queue"] == "SYSTEM.DEAD.LETTER.QUEUE"
+    assert body["depth"] == {"TBDL": 0, "DLNG": 0, "DLVD": 0, "NDLV": 0, "FAIL": 0}
+    assert AuditEvent.objects.filter(action="queue_create", queue_name="PAYROLL.IN").exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "   ", "ORDERS IN", "Q" * 49, "BESTÄLLNING", "ORDERS*IN", "ORDERS\nIN"],
+)
+def test_it_rejects_an_invalid_queue_name(admin_api, name):
+    response = admin_api.post(QUEUES, {"name": name}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid"
+    assert "name" in response.json()["field_errors"]
+    assert not Queue.objects.exclude(name="SYSTEM.DEAD.LETTER.QUEUE").exists()
+
+
+def test_it_accepts_every_mq_name_character_and_48_characters(admin_api):
+    name = "A.b_1/%" + "Z" * 41
+
+    response = admin_api.post(QUEUES, {"name": name}, format="json")
+
+    assert response.status_code == 201
+    assert admin_api.get(f"{QUEUES}{name}/").json()["name"] == name
+
+
+def test_it_rejects_a_duplicate_name(admin_api, orders):
+    response = admin_api.post(QUEUES, {"name": "ORDERS.IN"}, format="json")
+
+    assert response.status_code == 400
+    assert "name" in response.json()["field_errors"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 0),
+        ("batch_size", "ten"),
+        ("crash_threshold", 0),
+        ("max_messages", 0),
+        ("max_messages", -3),
+        ("overflow", "drop_everything"),
+        ("kind", "topic"),
+        ("max_payload_bytes", 0),
+        ("dead_letter_queue", "NO.SUCH.DLQ"),
+        ("dead_letter_queue", "ORDERS.IN"),
+    ],
+)
+def test_it_rejects_bad_settings_beside_their_field(admin_api, orders, field, value):
+    response = admin_api.post(QUEUES, {"name": "NEW.Q", field: value}, format="json")
+
+    assert response.status_code == 400
+    assert field in response.json()["field_errors"]
+    assert not Queue.objects.filter(name="NEW.Q").exists()
+
+
+def test_it_lists_queues_with_depths(viewer_api, orders, publish):
+    publish(orders, 3)
+
+    response = viewer_api.get(QUEUES)
+
+    assert response.status_code == 200
+    by_name = {queue["name"]: queue for queue in response.json()}
+    assert by_name["ORDERS.IN"]["depth"]["TBDL"] == 3
+    assert by_name["SYSTEM.DEAD.LETTER.QUEUE"]["kind"] == "dead_letter"
+
+
+def test_an_admin_updates_settings(admin_api, orders):
+    response = admin_api.patch(
+        f"{QUEUES}ORDERS.IN/", {"paused": True, "batch_size": 5}, format="json"
+    )
+
+    assert response.status_code == 200
+    orders.refresh_from_db()
+    assert orders.paused is True
+    assert orders.batch_size == 5
+    event = AuditEvent.objects.get(action="queue_update")
+    assert event.details == {"changed": ["batch_size", "paused"]}
+
+
+def test_a_queue_cannot_be_renamed(admin_api, orders):
+    response = admin_api.patch(f"{QUEUES}ORDERS.IN/", {"name": "OTHER"}, format="json")
+
+    assert response.status_code == 400
+    assert "name" in response.json()["field_errors"]
+    assert Queue.objects.filter(name="ORDERS.IN").exists()
+
+
+def test_a_bad_update_changes_nothing(admin_api, orders):
+    response = admin_api.patch(
+        f"{QUEUES}ORDERS.IN/", {"paused": True, "batch_size": -1}, format="json"
+    )
+
+    assert response.status_code == 400
+    orders.refresh_from_db()
+    assert orders.paused is False
+
+
+def test_a_queue_name_with_a_slash_is_addressable(admin_api):
+    admin_api.post(QUEUES, {"name": "EU/ORDERS"}, format="json")
+
+    assert admin_api.get(f"{QUEUES}EU/ORDERS/").json()["name"] == "EU/ORDERS"
+    assert admin_api.get(f"{QUEUES}EU/ORDERS/messages/").status_code == 200
+
+
+def test_unknown_queue_is_404_json(viewer_api, db):
+    response = viewer_api.get(f"{QUEUES}NOPE/")
+
+    assert response.status_code == 404
+    assert response.json()["code"] == "queue_not_found"
+
+
+def test_deleting_a_queue_with_waiting_messages_is_refused(admin_api, orders, publish):
+    publish(orders, 2)
+
+    response = admin_api.delete(f"{QUEUES}ORDERS.IN/")
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "queue_not_empty"
+    assert Queue.objects.filter(name="ORDERS.IN").exists()
+
+
+def test_deleting_a_dead_letter_queue_in_use_is_refused(admin_api, orders):
+    response = admin_api.delete(f"{QUEUES}SYSTEM.DEAD.LETTER.QUEUE/")
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "queue_in_use"
+
+
+def test_an_admin_deletes_an_empty_queue(admin_api, orders):
+    response = admin_api.delete(f"{QUEUES}ORDERS.IN/")
+
+    assert response.status_code == 204
+    assert not Queue.objects.filter(name="ORDERS.IN").exists()
+    assert AuditEvent.objects.filter(action="queue_delete", queue_name="ORDERS.IN").exists()
+
+
+@pytest.mark.parametrize("method", ["post", "patch", "delete"])
+def test_only_admins_change_queues(operator_api, viewer_api, orders, method):
+    for client in (operator_api, viewer_api):
+        path = QUEUES if method == "post" else f"{QUEUES}ORDERS.IN/"
+        response = getattr(client, method)(path, {"name": "X", "paused": True}, format="json")
+        assert response.status_code == 403
+        assert response.json()["code"] == "permission_denied"
+    orders.refresh_from_db()
+    assert orders.paused is False
+    assert not Queue.objects.filter(name="X").exists()
+
+
+def test_a_user_without_a_role_reads_nothing(outsider_api, orders):
+    assert outsider_api.get(QUEUES).status_code == 403
+
+
+def test_anonymous_gets_401(anonymous_api, db):
+    response = anonymous_api.get(QUEUES)
+
+    assert response.status_code == 401
+    assert response.json() == {
+        "code": "not_authenticated",
+        "detail": "Authentication credentials were not provided.",
+    }

@@ -1,0 +1,78 @@
+"""A bad setting stops start-up with a message naming the variable."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(**overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEBUG": "1", **overrides}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql://user@host/db"),
+        ("DATABASE_URL", "not a url"),
+        ("CELERY_BROKER_URL", "amqp://guest@localhost//"),
+        ("CELERY_BROKER_URL", "redis://host:port/0"),
+        ("SPARK_MASTER", "everywhere"),
+        ("ALLOWED_HOSTS", "a,,b"),
+        ("API_MAX_BODY_BYTES", "lots"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
+    result = start(**{variable: value})
+
+    assert result.returncode != 0
+    assert f"{variable}: " in result.stderr
+    assert repr(value) in result.stderr
+
+
+def test_a_file_as_dump_dir_is_refused(tmp_path):
+    a_file = tmp_path / "dumps"
+    a_file.write_text("not a directory")
+
+    result = start(DUMP_DIR=str(a_file))
+
+    assert result.returncode != 0
+    assert "DUMP_DIR: " in result.stderr
+
+
+def test_without_debug_a_secret_key_is_required():
+    env = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**env, "DEBUG": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode != 0
+    assert "SECRET_KEY: not set" in result.stderr
+
+
+def test_good_values_start(tmp_path):
+    result = start(
+        SPARK_MASTER="local[2]",
+        DUMP_DIR=str(tmp_path),
+        ALLOWED_HOSTS="lazaretto.example.com,localhost",
+    )
+
+    assert result.returncode == 0, result.stderr
