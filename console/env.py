@@ -94,9 +94,10 @@ def env_spark_master(name: str, default: str) -> str:
     return value
 
 
-def env_path(name: str, default: Path) -> Path:
+def env_path(name: str, default: Path, base: Path) -> Path:
+    """A directory; a relative value is taken from ``base``."""
     value = _raw(name)
-    path = Path(value) if value else default
+    path = base / value if value else default
     if path.exists() and not path.is_dir():
         raise _bad(name, str(path), "a directory (the path exists and is a file)")
     return path

@@ -4,6 +4,8 @@ variable."""
 
 from pathlib import Path
 
+import environ
+
 from console.env import (
     env_bool,
     env_database,
@@ -17,6 +19,10 @@ from console.env import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# A .env file (see .env.example) fills in what the real environment leaves unset.
+if (BASE_DIR / ".env").is_file():
+    environ.Env.read_env(BASE_DIR / ".env")
+
 DEBUG = env_bool("DEBUG", default=False)
 # A fixed key is acceptable only for a local DEBUG run; anywhere else the key
 # must come from the environment.
@@ -28,7 +34,7 @@ DATABASES["default"]["CONN_MAX_AGE"] = 60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 CELERY_BROKER_URL = env_redis_url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
-DUMP_DIR = env_path("DUMP_DIR", BASE_DIR / "var" / "dumps")
+DUMP_DIR = env_path("DUMP_DIR", BASE_DIR / "var" / "dumps", base=BASE_DIR)
 SPARK_MASTER = env_spark_master("SPARK_MASTER", "local[*]")
 
 INSTALLED_APPS = [

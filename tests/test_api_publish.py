@@ -157,10 +157,12 @@ def test_it_refuses_a_batch_over_1000(operator_api, orders):
         ({"headers": {}}, "messages[0].payload"),
         ({"payload": "x", "delay_seconds": -5}, "messages[0].delay_seconds"),
         ({"payload": "x", "content_type": "t" * 101}, "messages[0].content_type"),
+        ({"payload": "\ud800"}, "messages[0].payload"),
     ],
 )
 def test_it_names_the_field_of_other_bad_input(operator_api, orders, body, field):
-    response = operator_api.post(url("ORDERS.IN"), body, format="json")
+    raw = json.dumps(body)  # escapes a lone surrogate as \ud800, as a client would send it
+    response = operator_api.post(url("ORDERS.IN"), raw, content_type="application/json")
 
     assert response.status_code == 400
     assert field in response.json()["field_errors"]

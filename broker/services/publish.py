@@ -35,7 +35,7 @@ class NewMessage:
     delay_seconds: int = 0
 
 
-_COPY_COLUMNS = (
+COPY_COLUMNS = (
     "id",
     "queue_id",
     "payload",
@@ -54,7 +54,7 @@ _COPY_COLUMNS = (
     "created_at",
     "updated_at",
 )
-_COPY_TYPES = (
+COPY_TYPES = (
     "int8",
     "int8",
     "bytea",
@@ -73,7 +73,11 @@ _COPY_TYPES = (
     "timestamptz",
     "timestamptz",
 )
-_COPY_SQL = f"COPY broker_message ({', '.join(_COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+RESERVE_IDS_SQL = (
+    "SELECT now(), array(SELECT nextval(pg_get_serial_sequence('broker_message', 'id'))"
+    " FROM generate_series(1, %s))"
+)
+COPY_SQL = f"COPY broker_message ({', '.join(COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 
 def _validate(message: NewMessage, index: int, queue: Queue) -> None:
@@ -171,15 +175,11 @@ def _insert(
     with connection.cursor() as cursor:
         # Ids are reserved up front so COPY (which returns nothing) can write
         # them and the caller gets them back in order.
-        cursor.execute(
-            "SELECT now(), array(SELECT nextval(pg_get_serial_sequence('broker_message', 'id'))"
-            " FROM generate_series(1, %s))",
-            [len(messages)],
-        )
+        cursor.execute(RESERVE_IDS_SQL, [len(messages)])
         now, ids = cursor.fetchone()
         raw = cursor.cursor
-        with raw.copy(_COPY_SQL) as copy:
-            copy.set_types(_COPY_TYPES)
+        with raw.copy(COPY_SQL) as copy:
+            copy.set_types(COPY_TYPES)
             for message_id, message in zip(ids, messages, strict=True):
                 available_at = (
                     now + timedelta(seconds=message.delay_seconds) if message.delay_seconds else now

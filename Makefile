@@ -1,0 +1,108 @@
+# Lazaretto developer tasks. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := help
+
+PORT ?= 8000
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SERVICES := bash scripts/services.sh
+BOOTSTRAP_PYTHON := $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+
+# Source var/services.env (written by `scripts/services.sh start`) while keeping
+# any DATABASE_URL / CELERY_BROKER_URL the caller set: the caller always wins,
+# even over a stale var/services.env from an earlier run.
+# These targets are local runs: when the caller gives neither SECRET_KEY nor
+# DEBUG, DEBUG=true lets the settings use their local-only key.
+define load_env
+_caller_db="$${DATABASE_URL:-}"; _caller_broker="$${CELERY_BROKER_URL:-}"
+if [ -f var/services.env ]; then . var/services.env; fi
+if [ -n "$$_caller_db" ]; then export DATABASE_URL="$$_caller_db"; fi
+if [ -n "$$_caller_broker" ]; then export CELERY_BROKER_URL="$$_caller_broker"; fi
+if [ -z "$${SECRET_KEY:-}" ] && [ -z "$${DEBUG:-}" ]; then export DEBUG=true; fi
+endef
+
+# mypy's Django plugin imports the settings, which need a DATABASE_URL (never
+# connected to): `make lint` works without services.
+define lint_env
+$(load_env)
+if [ -z "$${DATABASE_URL:-}" ]; then export DATABASE_URL=postgres://lint:lint@127.0.0.1:5432/lint; fi
+endef
+
+.PHONY: help venv services stop test run lint fmt bench clean
+
+help:
+	@echo "make venv      create .venv and install requirements.txt (only when it changed)"
+	echo "make services  start project-local PostgreSQL + Redis (scripts/services.sh start)"
+	echo "make stop      stop them"
+	echo "make test      ruff check, ruff format --check, mypy, pytest"
+	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT))"
+	echo "make lint      ruff check + ruff format --check + mypy"
+	echo "make fmt       ruff format + ruff check --fix"
+	echo "make bench     run every bench/*.py"
+	echo "make clean     stop services and remove var/"
+
+venv: $(STAMP)
+
+# pip's "WARNING: Location ... is ignored" lines (local index config on this
+# machine) are dropped from stderr; everything else and pip's exit code are kept.
+$(STAMP): requirements.txt
+	@if [ ! -x "$(PY)" ]; then
+	  [ -n "$(BOOTSTRAP_PYTHON)" ] || { echo "make: neither python3.11 nor python3 found" >&2; exit 1; }
+	  echo "creating $(VENV) with $(BOOTSTRAP_PYTHON)"
+	  "$(BOOTSTRAP_PYTHON)" -m venv "$(VENV)"
+	fi
+	echo "installing requirements.txt into $(VENV)"
+	{ "$(PY)" -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 1>&3 \
+	  | { grep -v '^WARNING: Location' || true; } >&2; } 3>&1
+	touch "$@"
+
+services:
+	@$(SERVICES) start
+
+stop:
+	@$(SERVICES) stop
+
+test: venv services
+	@$(load_env)
+	set -x
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+	$(VENV)/bin/pytest
+
+lint: venv
+	@$(lint_env)
+	set -x
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+fmt: venv
+	@set -x
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+run: venv services
+	@$(load_env)
+	export PORT="$(PORT)"
+	set -x
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py demo
+	exec scripts/run.sh
+
+bench: venv services
+	@$(load_env)
+	shopt -s nullglob
+	files=(bench/*.py)
+	if [ $${#files[@]} -eq 0 ]; then echo "make: no bench/*.py to run"; exit 0; fi
+	for f in "$${files[@]}"; do
+	  echo "== $$f"
+	  $(PY) "$$f"
+	done
+
+clean:
+	@$(SERVICES) stop
+	$(SERVICES) purge

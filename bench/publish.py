@@ -1,0 +1,500 @@
+"""Publish throughput: bare binary COPY vs ``messages_publish`` vs the REST API.
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python bench/publish.py [--messages N] [--batch B] [--size BYTES]
+
+The bench makes its own database (``lazaretto_bench`` on the server named by
+DATABASE_URL), drops it at the end and never touches the dev database. Each
+path writes N messages of SIZE bytes in batches of B into its own queue, and
+its row count is checked afterwards. The last line printed is one JSON object
+with the figures; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+if TYPE_CHECKING:
+    from broker.services.publish import NewMessage
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "lazaretto_bench"
+MAINTENANCE_DB = "postgres"
+TARGETS = {"service_vs_copy": 0.5, "api_vs_copy": 0.25}
+CONTENT_TYPE = "text/plain"
+HEADERS = {"source": "bench", "kind": "publish"}
+PUT_USER = "bench"
+PUT_APPLICATION = "bench"
+SERVER_START_SECONDS = 60.0
+SERVER_STOP_SECONDS = 15.0
+
+
+class BenchError(Exception):
+    """The bench could not measure what it claims to (wrong count, bad answer)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    messages: int
+    batch: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every path writes: ``sizes`` batches of the same message."""
+
+    bench_url: str
+    sizes: list[int]
+    payload: bytes
+    messages: list[NewMessage]
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    name: str
+    id: int
+
+
+@dataclass(frozen=True)
+class Result:
+    path: str
+    seconds: float
+    messages: int
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=positive_int, default=100_000, help="messages per path")
+    parser.add_argument(
+        "--batch", type=positive_int, default=1000, help="messages per call (<=1000)"
+    )
+    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    args = parser.parse_args(argv)
+    if args.batch > 1000:
+        parser.error("--batch may be at most 1000 (the publish limit)")
+    return Options(messages=args.messages, batch=args.batch, size=args.size)
+
+
+# --- the bench database -----------------------------------------------------
+
+
+def database_urls(url: str) -> tuple[str, str]:
+    """(bench database URL, maintenance database URL) on the server of ``url``."""
+    parts = urlsplit(url)
+    bench = parts._replace(path=f"/{BENCH_DB}")
+    maintenance = parts._replace(path=f"/{MAINTENANCE_DB}")
+    return bench.geturl(), maintenance.geturl()
+
+
+def drop_database(maintenance_url: str) -> None:
+    with psycopg.connect(maintenance_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB))
+        )
+
+
+def create_database(maintenance_url: str) -> None:
+    drop_database(maintenance_url)
+    with psycopg.connect(maintenance_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+
+
+def setup_django(bench_url: str) -> None:
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DEBUG", "1")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def close_django() -> None:
+    from django.apps import apps
+
+    if apps.ready:
+        from django.db import connections
+
+        connections.close_all()
+
+
+def make_queue(name: str, size: int) -> QueueRef:
+    from broker.services.queues import queue_create
+
+    queue = queue_create(name=name, max_payload_bytes=max(size, 1024 * 1024))
+    return QueueRef(name=queue.name, id=queue.id)
+
+
+def checkpoint() -> None:
+    """Flush dirty buffers so one path's writes are not paid for by the next."""
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    except DatabaseError as error:
+        log(f"CHECKPOINT skipped: {error}")
+
+
+def verify(queue: QueueRef, expected: int, path: str) -> None:
+    """The queue holds exactly ``expected`` rows, and its depth counter agrees."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %s),"
+            " (SELECT count FROM broker_queuedepth WHERE queue_id = %s AND state = 'TBDL')",
+            [queue.id, queue.id],
+        )
+        row = cursor.fetchone()
+    rows, depth = row if row else (None, None)
+    if rows != expected or depth != expected:
+        raise BenchError(f"{path}: expected {expected} messages, table has {rows}, depth {depth}")
+    log(f"{path}: verified {rows} rows, depth counter {depth}")
+
+
+# --- the workload -----------------------------------------------------------
+
+
+def batch_sizes(total: int, batch: int) -> list[int]:
+    full, rest = divmod(total, batch)
+    return [batch] * full + ([rest] if rest else [])
+
+
+def make_payload(size: int) -> bytes:
+    """ASCII (valid UTF-8, so the API can carry it as a string) and incompressible."""
+    return base64.b64encode(os.urandom(size))[:size]
+
+
+def make_messages(payload: bytes, count: int) -> list[NewMessage]:
+    from broker.services.publish import NewMessage
+
+    return [
+        NewMessage(payload=payload, content_type=CONTENT_TYPE, headers=HEADERS)
+        for _ in range(count)
+    ]
+
+
+def timed(run: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+# --- path a: bare psycopg COPY ----------------------------------------------
+
+
+def copy_batch(
+    conn: psycopg.Connection[Any], queue_id: int, messages: Sequence[NewMessage]
+) -> None:
+    """One transaction: reserve ids, then one binary COPY, exactly as the service writes."""
+    # The same SQL the service runs, imported so the baseline cannot drift.
+    from broker.models import MessageState
+    from broker.services.publish import COPY_SQL, COPY_TYPES, RESERVE_IDS_SQL
+
+    state = MessageState.TO_BE_DELIVERED.value
+    with conn.transaction(), conn.cursor() as cursor:
+        cursor.execute(RESERVE_IDS_SQL, [len(messages)])
+        row = cursor.fetchone()
+        assert row is not None
+        now, ids = row
+        with cursor.copy(COPY_SQL) as copy:
+            copy.set_types(COPY_TYPES)
+            for message_id, message in zip(ids, messages, strict=True):
+                copy.write_row(
+                    (
+                        message_id,
+                        queue_id,
+                        message.payload,
+                        message.content_type,
+                        Jsonb(dict(message.headers)),
+                        message.priority,
+                        state,
+                        now,
+                        0,
+                        0,
+                        False,
+                        "",
+                        "",
+                        PUT_APPLICATION,
+                        PUT_USER,
+                        now,
+                        now,
+                    )
+                )
+
+
+def run_copy(work: Workload, queue: QueueRef) -> float:
+    with psycopg.connect(work.bench_url, autocommit=True) as conn:
+
+        def run() -> None:
+            for count in work.sizes:
+                copy_batch(conn, queue.id, work.messages[:count])
+
+        return timed(run)
+
+
+# --- path b: the publish service --------------------------------------------
+
+
+def run_service(work: Workload, queue: QueueRef) -> float:
+    from broker.services.publish import messages_publish
+
+    def run() -> None:
+        for count in work.sizes:
+            messages_publish(
+                queue_name=queue.name,
+                messages=work.messages[:count],
+                put_user=PUT_USER,
+                put_application=PUT_APPLICATION,
+            )
+
+    return timed(run)
+
+
+# --- path c: the REST API behind gunicorn -----------------------------------
+
+
+def api_token() -> str:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_superuser(username="bench", email="", password=None)
+    return str(Token.objects.create(user=user).key)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def encode_bodies(payload: bytes, sizes: list[int]) -> dict[int, bytes]:
+    """One JSON body per distinct batch size (every message is the same)."""
+    item = {"payload": payload.decode(), "content_type": CONTENT_TYPE, "headers": HEADERS}
+    return {count: json.dumps({"messages": [item] * count}).encode() for count in set(sizes)}
+
+
+@contextmanager
+def gunicorn(bench_url: str) -> Iterator[int]:
+    """A gunicorn serving the project on the bench database; yields its port."""
+    port = free_port()
+    # Served as in production: DEBUG off, so Django keeps no query log.
+    env = {**os.environ, "DATABASE_URL": bench_url, "DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+    env["DJANGO_SETTINGS_MODULE"] = "console.settings"
+    command = [sys.executable, "-m", "gunicorn", "console.wsgi:application"]
+    command += ["--bind", f"127.0.0.1:{port}", "--workers", "2"]
+    with tempfile.TemporaryFile() as server_log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=server_log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_ready(process, port, server_log)
+            yield port
+        finally:
+            stop(process)
+
+
+def wait_ready(process: subprocess.Popen[bytes], port: int, server_log: IO[bytes]) -> None:
+    """Wait until gunicorn answers HTTP; fail with its log if it dies or hangs."""
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BenchError(f"gunicorn exited with {process.returncode}:\n{tail(server_log)}")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/api/v1/")
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.1)
+        finally:
+            conn.close()
+    raise BenchError(f"gunicorn gave no answer in {SERVER_START_SECONDS:.0f}s:\n{tail(server_log)}")
+
+
+def tail(server_log: IO[bytes], limit: int = 4000) -> str:
+    server_log.seek(0)
+    return server_log.read().decode(errors="replace")[-limit:]
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=SERVER_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def post(conn: http.client.HTTPConnection, url: str, body: bytes, headers: dict[str, str]) -> int:
+    """POST one batch; returns how many messages the server says it stored."""
+    conn.request("POST", url, body=body, headers=headers)
+    response = conn.getresponse()
+    answer = response.read()
+    if response.status != 201:
+        raise BenchError(f"api: HTTP {response.status}: {answer[:500]!r}")
+    return int(json.loads(answer)["count"])
+
+
+def post_batches(
+    port: int, token: str, queue_name: str, bodies: dict[int, bytes], sizes: list[int]
+) -> float:
+    queue_url = f"/api/v1/queues/{quote(queue_name)}/"
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    # One keep-alive client. gunicorn's sync workers close the connection
+    # after every response; http.client then reconnects by itself.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        for _ in range(4):  # warm both workers (first request opens Django's DB connection)
+            conn.request("GET", queue_url, headers=headers)
+            conn.getresponse().read()
+
+        def run() -> None:
+            for count in sizes:
+                stored = post(conn, f"{queue_url}messages/", bodies[count], headers)
+                if stored != count:
+                    raise BenchError(f"api: sent {count} messages, server stored {stored}")
+
+        return timed(run)
+    finally:
+        conn.close()
+
+
+def run_api(work: Workload, queue: QueueRef) -> float:
+    token = api_token()
+    bodies = encode_bodies(work.payload, work.sizes)  # before timing: encoding excluded
+    with gunicorn(work.bench_url) as port:
+        return post_batches(port, token, queue.name, bodies, work.sizes)
+
+
+PATHS: tuple[tuple[str, Callable[[Workload, QueueRef], float]], ...] = (
+    ("copy", run_copy),
+    ("service", run_service),
+    ("api", run_api),
+)
+
+
+# --- driver and report --------------------------------------------------------
+
+
+def run_all(options: Options, bench_url: str) -> list[Result]:
+    setup_django(bench_url)
+    payload = make_payload(options.size)
+    work = Workload(
+        bench_url=bench_url,
+        sizes=batch_sizes(options.messages, options.batch),
+        payload=payload,
+        messages=make_messages(payload, options.batch),
+    )
+    results = []
+    for path, run in PATHS:
+        queue = make_queue(f"BENCH.PUBLISH.{path.upper()}", options.size)
+        checkpoint()
+        log(f"{path}: writing {options.messages} messages to {queue.name}")
+        seconds = run(work, queue)
+        verify(queue, options.messages, path)
+        results.append(Result(path=path, seconds=seconds, messages=options.messages))
+    return results
+
+
+def summary(options: Options, results: list[Result]) -> dict[str, Any]:
+    rates = {result.path: result.rate for result in results}
+    return {
+        "bench": "publish",
+        "messages": options.messages,
+        "batch": options.batch,
+        "payload_bytes": options.size,
+        "copy_msgs_per_s": round(rates["copy"], 1),
+        "service_msgs_per_s": round(rates["service"], 1),
+        "api_msgs_per_s": round(rates["api"], 1),
+        "service_vs_copy": round(rates["service"] / rates["copy"], 3),
+        "api_vs_copy": round(rates["api"] / rates["copy"], 3),
+        "targets": dict(TARGETS),
+    }
+
+
+def print_report(options: Options, results: list[Result]) -> None:
+    figures = summary(options, results)
+    copy_rate = results[0].rate
+    print(
+        f"publish bench: {options.messages} messages of {options.size} bytes "
+        f"in batches of {options.batch}, one queue per path"
+    )
+    print("api: JSON bodies encoded before timing (client-side encoding excluded);")
+    print("     gunicorn --workers 2 (sync), one sequential stdlib HTTP client")
+    print()
+    print(f"{'path':<8} {'seconds':>9} {'msgs/s':>10} {'vs copy':>8}  target")
+    for result in results:
+        ratio = result.rate / copy_rate
+        target = TARGETS.get(f"{result.path}_vs_copy")
+        verdict = (
+            "-" if target is None else f">= {target:.2f} {'PASS' if ratio >= target else 'MISS'}"
+        )
+        print(
+            f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f} {ratio:>8.2f}  {verdict}"
+        )
+    print(json.dumps(figures), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    source_url = os.environ.get("DATABASE_URL")
+    if not source_url:
+        log("DATABASE_URL is not set (source var/services.env)")
+        return 2
+    bench_url, maintenance_url = database_urls(source_url)
+    create_database(maintenance_url)
+    try:
+        results = run_all(options, bench_url)
+    except BenchError as error:
+        log(f"bench failed: {error}")
+        return 1
+    finally:
+        close_django()
+        drop_database(maintenance_url)
+    print_report(options, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

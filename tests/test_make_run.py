@@ -1,0 +1,86 @@
+"""`make run` on a database of its own: migrates, loads the demo, prints the
+admin password and serves the login page."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def fresh_database_url():
+    url = os.environ["DATABASE_URL"]
+    name = f"lazaretto_make_run_{os.getpid()}"
+    admin_url = urlsplit(url)._replace(path="/postgres").geturl()
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield urlsplit(url)._replace(path=f"/{name}").geturl()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(drop)
+
+
+def fetch(url: str) -> tuple[int, str]:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Location", "")
+
+
+def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
+    port = free_port()
+    log = tmp_path / "make-run.log"
+    env = {**os.environ, "DATABASE_URL": fresh_database_url, "PORT": str(port)}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            ["make", "run"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        status, body = 0, ""
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status, body = fetch(f"http://127.0.0.1:{port}/login/")
+                break
+            except OSError:
+                time.sleep(0.5)
+        output = log.read_text()
+        assert status == 200, f"no login page; make run said:\n{output[-3000:]}"
+        assert 'name="password"' in body
+        assert re.search(r"admin\s+password: \S+", output)
+        assert fetch(f"http://127.0.0.1:{port}/") == (302, "/login/?next=/")
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
