@@ -1,14 +1,6 @@
 # Lazaretto image: the console (gunicorn) by default; the same image runs the
 # Celery worker/beat and the broker nodes (see docker-compose.yml).
 
-# --- source: the build context minus local state (there is no .dockerignore) ---
-FROM python:3.11-slim AS source
-COPY . /src
-RUN rm -rf /src/.venv /src/var /src/.git /src/staticfiles /src/test-artifacts \
-    && find /src \( -name __pycache__ -o -name .mypy_cache -o -name .ruff_cache \
-        -o -name .pytest_cache -o -name .hypothesis \) -prune -exec rm -rf {} +
-
-# --- runtime ---
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -25,7 +17,8 @@ WORKDIR /app
 COPY requirements.txt /app/requirements.txt
 RUN pip install -r /app/requirements.txt
 
-COPY --from=source --chown=app:app /src /app
+# .dockerignore keeps local state (.venv, var, caches) out of the image.
+COPY --chown=app:app . /app
 
 # Static files are collected at build time (whitenoise serves them). Settings
 # need some values to import; these are build-only placeholders, never used at run time.
