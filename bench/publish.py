@@ -32,7 +32,6 @@ from urllib.parse import quote, urlsplit
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 if TYPE_CHECKING:
     from broker.services.publish import NewMessage
@@ -226,41 +225,18 @@ def timed(run: Callable[[], None]) -> float:
 def copy_batch(
     conn: psycopg.Connection[Any], queue_id: int, messages: Sequence[NewMessage]
 ) -> None:
-    """One transaction: reserve ids, then one binary COPY, exactly as the service writes."""
-    # The same SQL the service runs, imported so the baseline cannot drift.
-    from broker.models import MessageState
-    from broker.services.publish import COPY_SQL, COPY_TYPES, RESERVE_IDS_SQL
+    """One transaction: the service's own COPY writer on a bare psycopg
+    connection, without the queue lookup, validation or Django."""
+    from broker.services.publish import copy_messages
 
-    state = MessageState.TO_BE_DELIVERED.value
     with conn.transaction(), conn.cursor() as cursor:
-        cursor.execute(RESERVE_IDS_SQL, [len(messages)])
-        row = cursor.fetchone()
-        assert row is not None
-        now, ids = row
-        with cursor.copy(COPY_SQL) as copy:
-            copy.set_types(COPY_TYPES)
-            for message_id, message in zip(ids, messages, strict=True):
-                copy.write_row(
-                    (
-                        message_id,
-                        queue_id,
-                        message.payload,
-                        message.content_type,
-                        Jsonb(dict(message.headers)),
-                        message.priority,
-                        state,
-                        now,
-                        0,
-                        0,
-                        False,
-                        "",
-                        "",
-                        PUT_APPLICATION,
-                        PUT_USER,
-                        now,
-                        now,
-                    )
-                )
+        copy_messages(
+            cursor,
+            queue_id=queue_id,
+            messages=messages,
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
 
 
 def run_copy(work: Workload, queue: QueueRef) -> float:

@@ -7,10 +7,12 @@ service function in ``broker.services``.
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from broker.consumers import validate_consumer
 
 QUEUE_NAME_MAX_LENGTH = 48
 # IBM MQ object names: letters, digits, '.', '_', '/', '%'. ASCII only, so
@@ -26,6 +28,7 @@ queue_name_validator = RegexValidator(
 )
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_SUSPECT_DELAY_SECONDS = 5.0
 
 
 class MessageState(models.TextChoices):
@@ -52,14 +55,19 @@ class Queue(models.Model):
     )
     kind = models.CharField(max_length=16, choices=QueueKind.choices, default=QueueKind.STANDARD)
     description = models.CharField(max_length=200, blank=True)
-    # A registered handler name or an http(s) webhook URL.
-    consumer = models.CharField(max_length=2048, blank=True)
+    # A registered handler name or an http(s) webhook URL; blank: messages wait.
+    consumer = models.CharField(max_length=2048, blank=True, validators=[validate_consumer])
     batch_size = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
     lease_seconds = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     retry_limit = models.PositiveIntegerField(default=3)
     retry_backoff_seconds = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
     crash_threshold = models.PositiveIntegerField(default=2, validators=[MinValueValidator(1)])
     poison_limit = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    # Pause between the isolated deliveries of a crashed batch's suspects.
+    suspect_delay_seconds = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(MAX_SUSPECT_DELAY_SECONDS)],
+    )
     max_messages = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
     )
@@ -92,6 +100,11 @@ class Queue(models.Model):
             models.CheckConstraint(
                 condition=~Q(kind=QueueKind.DEAD_LETTER) | Q(dead_letter_queue__isnull=True),
                 name="queue_dead_letter_has_no_dead_letter_queue",
+            ),
+            models.CheckConstraint(
+                condition=Q(suspect_delay_seconds__gte=0)
+                & Q(suspect_delay_seconds__lte=MAX_SUSPECT_DELAY_SECONDS),
+                name="queue_suspect_delay_0_5",
             ),
         ]
 
@@ -188,15 +201,17 @@ class Message(models.Model):
         max_length=4, choices=MessageState.choices, default=MessageState.TO_BE_DELIVERED
     )
     available_at = models.DateTimeField(db_default=Now())
-    attempts = models.IntegerField(default=0)
-    crash_count = models.IntegerField(default=0)
-    suspect = models.BooleanField(default=False)
-    lease_owner = models.CharField(max_length=200, blank=True)
+    attempts = models.IntegerField(db_default=0)
+    crash_count = models.IntegerField(db_default=0)
+    suspect = models.BooleanField(db_default=False)
+    lease_owner = models.CharField(max_length=200, blank=True, db_default="")
     lease_deadline = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
+    last_error = models.TextField(blank=True, db_default="")
     # Set once the message has been dead-lettered: original queue, reason
     # code, time, putting application and user, format, error text.
     dead_letter = models.JSONField(null=True, blank=True)
+    # Where the payload was dumped when the message was blacklisted.
+    dump_path = models.CharField(max_length=500, blank=True, db_default="")
     put_application = models.CharField(max_length=28, blank=True)
     put_user = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(db_default=Now())

@@ -8,9 +8,9 @@
 #   scripts/services.sh purge    stop, then delete var/ and any cluster kept outside the repo
 #
 # A service is only started for a variable that is NOT already set by the caller:
-# DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis). var/services.env only
-# holds `export` lines for the services managed here, so sourcing it never
-# overrides a caller's own settings.
+# DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis). var/services.env
+# holds `export` lines for the project-local services that exist; the Makefile
+# sources it so that a caller's own DATABASE_URL / CELERY_BROKER_URL still win.
 #
 # State lives in var/ at the repo root: pg.port, pg.password, redis.port, the
 # cluster in var/pg/data (or a symlink var/pg -> ${TMPDIR:-/tmp}/lazaretto-<hash>/pg
@@ -482,11 +482,14 @@ cmd_start() {
     fi
     tmp="$ENV_FILE.tmp.$$"
     {
-        printf '# Written by scripts/services.sh start; only for services it manages.\n'
-        if [ "$want_pg" -eq 1 ]; then
+        # Every local service this repo has, whether or not this call started
+        # it: a caller pointing one run elsewhere must not erase the URLs of
+        # the local services (the Makefile lets the caller's values win).
+        printf '# Written by scripts/services.sh start; the project-local services.\n'
+        if [ -f "$PG_PORT_FILE" ] && [ -f "$PG_PW_FILE" ]; then
             printf 'export DATABASE_URL=%s\n' "$(pg_url "$(cat "$PG_PORT_FILE")")"
         fi
-        if [ "$want_redis" -eq 1 ]; then
+        if [ -f "$REDIS_PORT_FILE" ]; then
             printf 'export CELERY_BROKER_URL=redis://127.0.0.1:%s/0\n' "$(cat "$REDIS_PORT_FILE")"
         fi
     } >"$tmp"

@@ -6,7 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
@@ -44,11 +46,6 @@ COPY_COLUMNS = (
     "priority",
     "state",
     "available_at",
-    "attempts",
-    "crash_count",
-    "suspect",
-    "lease_owner",
-    "last_error",
     "put_application",
     "put_user",
     "created_at",
@@ -63,11 +60,6 @@ COPY_TYPES = (
     "int2",
     "varchar",
     "timestamptz",
-    "int4",
-    "int4",
-    "bool",
-    "varchar",
-    "text",
     "varchar",
     "varchar",
     "timestamptz",
@@ -173,36 +165,54 @@ def _insert(
     queue: Queue, messages: Sequence[NewMessage], *, put_user: str, put_application: str
 ) -> list[int]:
     with connection.cursor() as cursor:
-        # Ids are reserved up front so COPY (which returns nothing) can write
-        # them and the caller gets them back in order.
-        cursor.execute(RESERVE_IDS_SQL, [len(messages)])
-        now, ids = cursor.fetchone()
-        raw = cursor.cursor
-        with raw.copy(COPY_SQL) as copy:
-            copy.set_types(COPY_TYPES)
-            for message_id, message in zip(ids, messages, strict=True):
-                available_at = (
-                    now + timedelta(seconds=message.delay_seconds) if message.delay_seconds else now
+        return copy_messages(
+            cursor.cursor,
+            queue_id=queue.id,
+            messages=messages,
+            put_user=put_user,
+            put_application=put_application,
+        )
+
+
+def copy_messages(
+    cursor: psycopg.Cursor[Any],
+    *,
+    queue_id: int,
+    messages: Sequence[NewMessage],
+    put_user: str,
+    put_application: str,
+) -> list[int]:
+    """Write validated messages with one binary COPY on a raw psycopg cursor,
+    inside the caller's transaction; returns their ids in order.
+
+    Ids are reserved up front so COPY (which returns nothing) can write them
+    and the caller gets them back in order.
+    """
+    cursor.execute(RESERVE_IDS_SQL, [len(messages)])
+    row = cursor.fetchone()
+    assert row is not None
+    now, ids = row
+    state = MessageState.TO_BE_DELIVERED.value
+    with cursor.copy(COPY_SQL) as copy:
+        copy.set_types(COPY_TYPES)
+        for message_id, message in zip(ids, messages, strict=True):
+            available_at = (
+                now + timedelta(seconds=message.delay_seconds) if message.delay_seconds else now
+            )
+            copy.write_row(
+                (
+                    message_id,
+                    queue_id,
+                    message.payload,
+                    message.content_type,
+                    Jsonb(dict(message.headers)),
+                    message.priority,
+                    state,
+                    available_at,
+                    put_application,
+                    put_user,
+                    now,
+                    now,
                 )
-                copy.write_row(
-                    (
-                        message_id,
-                        queue.id,
-                        message.payload,
-                        message.content_type,
-                        Jsonb(dict(message.headers)),
-                        message.priority,
-                        MessageState.TO_BE_DELIVERED.value,
-                        available_at,
-                        0,
-                        0,
-                        False,
-                        "",
-                        "",
-                        put_application,
-                        put_user,
-                        now,
-                        now,
-                    )
-                )
+            )
     return list(ids)
