@@ -81,6 +81,9 @@ class Queue(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="feeding_queues"
     )
     paused = models.BooleanField(default=False)
+    # The earliest time the next crash suspect may be delivered: suspects go
+    # one at a time, suspect_delay_seconds apart (broker.services.delivery).
+    suspect_next_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -235,6 +238,13 @@ class Message(models.Model):
                 condition=~Q(state=MessageState.DELIVERING) | Q(lease_deadline__isnull=False),
                 name="message_delivering_has_lease",
             ),
+            # Crash suspects are delivered strictly one at a time per queue, so
+            # a crash during a suspect's delivery can only be that message's fault.
+            models.UniqueConstraint(
+                fields=["queue"],
+                condition=Q(state=MessageState.DELIVERING, suspect=True),
+                name="message_one_suspect_in_flight",
+            ),
         ]
         indexes = [
             # Browsing a queue newest or oldest first with keyset pagination:
@@ -251,6 +261,16 @@ class Message(models.Model):
                 "id",
                 name="message_ready_idx",
                 condition=Q(state=MessageState.TO_BE_DELIVERED),
+            ),
+            # Crash suspects waiting to be delivered alone (rare rows):
+            #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
+            #   AND suspect AND available_at <= now() ORDER BY priority DESC, id LIMIT 1
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "id",
+                name="message_suspect_idx",
+                condition=Q(state=MessageState.TO_BE_DELIVERED, suspect=True),
             ),
             # The sweeper's scan for deliveries whose lease ran out or whose
             # worker died:

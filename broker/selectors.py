@@ -8,6 +8,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django.db import connection
+
 from broker.errors import MessageNotFound
 from broker.models import Message, MessageState, Queue, QueueDepth
 
@@ -44,6 +46,34 @@ def queue_summaries() -> list[QueueSummary]:
     queues = list(Queue.objects.select_related("dead_letter_queue").order_by("kind", "name"))
     depths = queue_depths(queue_ids=[queue.id for queue in queues])
     return [QueueSummary(queue=queue, depth=depths[queue.id]) for queue in queues]
+
+
+@dataclass(frozen=True)
+class DueQueue:
+    queue_id: int
+    lease_seconds: int
+    batch_size: int
+    waiting: int
+
+
+def queues_with_due_messages() -> list[DueQueue]:
+    """Deliverable queues holding at least one due TBDL message. The TBDL
+    counter rules out idle queues; the EXISTS probe (message_ready_idx) rules
+    out queues whose waiting messages are all delayed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT q.id, q.lease_seconds, q.batch_size, d.count
+            FROM broker_queue AS q
+            JOIN broker_queuedepth AS d ON d.queue_id = q.id AND d.state = 'TBDL'
+            WHERE q.kind = 'standard' AND NOT q.paused AND q.consumer <> '' AND d.count > 0
+              AND EXISTS (
+                  SELECT 1 FROM broker_message AS m
+                  WHERE m.queue_id = q.id AND m.state = 'TBDL' AND m.available_at <= now()
+              )
+            """
+        )
+        return [DueQueue(*row) for row in cursor.fetchall()]
 
 
 def message_get(*, message_id: int) -> Message:

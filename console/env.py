@@ -114,3 +114,16 @@ def env_int(name: str, default: int, minimum: int = 1) -> int:
     if number < minimum:
         raise _bad(name, value, f"a whole number of at least {minimum}")
     return number
+
+
+def env_float(name: str, default: float, minimum: float = 0.05) -> float:
+    value = _raw(name)
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise _bad(name, value, "a number") from None
+    if not number >= minimum:
+        raise _bad(name, value, f"a number of at least {minimum}")
+    return number

@@ -9,6 +9,7 @@ import environ
 from console.env import (
     env_bool,
     env_database,
+    env_float,
     env_int,
     env_list,
     env_path,
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "broker",
+    "workers",
     "console",
 ]
 
@@ -161,3 +163,29 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "deliveries"
+CELERY_TASK_ROUTES = {
+    "lazaretto.sweep": {"queue": "control"},
+    "lazaretto.dispatch": {"queue": "control"},
+}
+# Wake-ups are hints: a publish must never wait for Redis.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 2}
+
+LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS", 1.0)
+LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
+# Up to this many delivery tasks work on one queue at once while it has a backlog.
+LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
+# Seconds past a queue's lease before Celery kills a delivery that hangs.
+LAZARETTO_KILL_GRACE_SECONDS = 1
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {
+        "task": "lazaretto.sweep",
+        "schedule": LAZARETTO_SWEEP_INTERVAL_SECONDS,
+        "options": {"expires": 5 * LAZARETTO_SWEEP_INTERVAL_SECONDS},
+    },
+    "dispatch": {
+        "task": "lazaretto.dispatch",
+        "schedule": LAZARETTO_DISPATCH_INTERVAL_SECONDS,
+        "options": {"expires": 5 * LAZARETTO_DISPATCH_INTERVAL_SECONDS},
+    },
+}

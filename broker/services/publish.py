@@ -21,6 +21,7 @@ from broker.errors import (
     QueueNotFound,
 )
 from broker.models import MessageState, Queue
+from broker.signals import messages_published
 
 MAX_HEADERS = 64
 MAX_HEADER_NAME_LENGTH = 128
@@ -156,9 +157,11 @@ def messages_publish(
     for index, message in enumerate(messages):
         _validate(message, index, queue)
     with transaction.atomic():
-        return _insert(
+        ids = _insert(
             queue, messages, put_user=put_user[:150], put_application=put_application[:28]
         )
+        messages_published.send(sender=Queue, queue=queue, count=len(ids))
+    return ids
 
 
 def _insert(

@@ -25,6 +25,7 @@ EDITABLE_FIELDS = frozenset(
         "retry_backoff_seconds",
         "crash_threshold",
         "poison_limit",
+        "suspect_delay_seconds",
         "max_messages",
         "overflow",
         "max_payload_bytes",
@@ -43,7 +44,9 @@ def queue_get(*, name: str) -> Queue:
         raise QueueNotFound(f"There is no queue named {name!r}.") from None
 
 
-def _save_validated(queue: Queue, *, exclude_unique: bool = False) -> None:
+def _save_validated(
+    queue: Queue, *, exclude_unique: bool = False, update_fields: list[str] | None = None
+) -> None:
     if queue.kind == QueueKind.DEAD_LETTER:
         queue.dead_letter_queue = None
     try:
@@ -59,7 +62,9 @@ def _save_validated(queue: Queue, *, exclude_unique: bool = False) -> None:
                 "dead_letter_queue": [f"{queue.dead_letter_queue.name} is not a dead-letter queue."]
             },
         )
-    queue.save()
+    # Only the fields an operator changed: the broker writes others
+    # (suspect_next_at) concurrently.
+    queue.save(update_fields=update_fields)
 
 
 @transaction.atomic
@@ -102,8 +107,10 @@ def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
     changed = {key: value for key, value in fields.items() if getattr(queue, key) != value}
     for key, value in changed.items():
         setattr(queue, key, value)
-    _save_validated(queue, exclude_unique=True)
     if changed:
+        _save_validated(
+            queue, exclude_unique=True, update_fields=[*changed, "dead_letter_queue", "updated_at"]
+        )
         audit_record(
             action="queue_update",
             actor=actor,

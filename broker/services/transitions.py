@@ -7,9 +7,16 @@ nothing and raises ``IllegalTransition``.
     TBDL -> DLNG            claim (set-based, in the delivery service)
     DLNG -> DLVD            ack
     DLNG -> TBDL            handler error with retries left, or crash
-    DLNG -> NDLV            quarantine (crash threshold or poison limit)
+    DLNG -> TBDL (DLQ)      dead-letter: moved to the dead-letter queue
+    TBDL/DLNG -> NDLV       quarantine (crash threshold or poison limit),
+                            in broker.services.quarantine
     NDLV -> TBDL            operator release
     NDLV -> FAIL            operator fail (terminal)
+    NDLV -> (deleted)       operator purge
+
+Set-based versions for whole batches (claim, ack, retry, crash) live in
+broker.services.delivery and broker.services.sweeper; they follow the same
+table.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ SOURCES: dict[str, frozenset[str]] = {
     S.TO_BE_DELIVERED: frozenset({S.DELIVERING, S.NOT_DELIVERABLE}),
     S.DELIVERING: frozenset({S.TO_BE_DELIVERED}),
     S.DELIVERED: frozenset({S.DELIVERING}),
-    S.NOT_DELIVERABLE: frozenset({S.DELIVERING}),
+    S.NOT_DELIVERABLE: frozenset({S.TO_BE_DELIVERED, S.DELIVERING}),
     S.FAILED: frozenset({S.NOT_DELIVERABLE}),
 }
 
@@ -41,20 +48,25 @@ def message_transition(
     message_id: int,
     to_state: MessageState,
     from_states: frozenset[str] | None = None,
+    lease_owner: str | None = None,
     changes: dict[str, Any] | None = None,
 ) -> Message:
     """Move one message to ``to_state`` if the state machine allows it from
     the state the message is in now (narrowed to ``from_states`` if given),
-    applying ``changes`` in the same update. Raises ``IllegalTransition`` and
+    applying ``changes`` in the same update. With ``lease_owner``, the message
+    must also still be leased to that owner. Raises ``IllegalTransition`` and
     changes nothing otherwise."""
     allowed = SOURCES[to_state] if from_states is None else SOURCES[to_state] & from_states
-    updated = Message.objects.filter(id=message_id, state__in=allowed).update(
-        state=to_state, updated_at=Now(), **(changes or {})
-    )
+    rows = Message.objects.filter(id=message_id, state__in=allowed)
+    if lease_owner is not None:
+        rows = rows.filter(lease_owner=lease_owner)
+    updated = rows.update(state=to_state, updated_at=Now(), **(changes or {}))
     if updated == 0:
         current = Message.objects.filter(id=message_id).values_list("state", flat=True).first()
         if current is None:
             raise MessageNotFound(f"There is no message {message_id}.")
+        if current in allowed:
+            raise IllegalTransition(f"Message {message_id} is no longer leased to {lease_owner}.")
         raise IllegalTransition(
             f"Message {message_id} is {current}; it cannot move to {to_state}"
             f" (only from {', '.join(sorted(allowed)) or 'nowhere'})."
@@ -113,7 +125,9 @@ def message_fail(*, message_id: int, actor: Actor, reason: str = "") -> Message:
 
 
 @transaction.atomic
-def message_dead_letter(*, message_id: int, reason: str, error: str = "") -> Message:
+def message_dead_letter(
+    *, message_id: int, reason: str, error: str = "", lease_owner: str | None = None
+) -> Message:
     """DLNG -> TBDL on the queue's dead-letter queue, with a dead-letter
     header that records why and where the message came from."""
     message = Message.objects.select_related("queue__dead_letter_queue").get(id=message_id)
@@ -133,6 +147,7 @@ def message_dead_letter(*, message_id: int, reason: str, error: str = "") -> Mes
         message_id=message_id,
         to_state=S.TO_BE_DELIVERED,
         from_states=frozenset({S.DELIVERING}),
+        lease_owner=lease_owner,
         changes={
             "queue_id": target.id,
             "dead_letter": header,
@@ -142,4 +157,32 @@ def message_dead_letter(*, message_id: int, reason: str, error: str = "") -> Mes
             "suspect": False,
             "available_at": Now(),
         },
+    )
+
+
+@transaction.atomic
+def message_purge(*, message_id: int, actor: Actor, reason: str = "") -> None:
+    """NDLV -> deleted: an operator removes a blacklisted message. The audit
+    event keeps its id, queue, reason and dump file."""
+    message = (
+        Message.objects.select_for_update()
+        .select_related("queue")
+        .filter(id=message_id)
+        .only("id", "state", "dump_path", "queue__name")
+        .first()
+    )
+    if message is None:
+        raise MessageNotFound(f"There is no message {message_id}.")
+    if message.state != S.NOT_DELIVERABLE:
+        raise IllegalTransition(
+            f"Message {message_id} is {message.state}; only blacklisted (NDLV) messages are purged."
+        )
+    message.delete()
+    audit_record(
+        action="message_purge",
+        actor=actor,
+        queue_name=message.queue.name,
+        message_id=message_id,
+        reason=reason,
+        details={"dump_path": message.dump_path},
     )

@@ -40,6 +40,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             "retry_backoff_seconds",
             "crash_threshold",
             "poison_limit",
+            "suspect_delay_seconds",
             "max_messages",
             "overflow",
             "max_payload_bytes",

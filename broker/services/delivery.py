@@ -1,0 +1,288 @@
+"""Delivery: claim a batch, hand each message to the queue's consumer, settle.
+
+One call of ``queue_deliver`` delivers one unit of work for one queue:
+
+* a crash suspect, alone, if one is due: a message that was in flight when
+  its worker died is never delivered in a batch again, so a second crash can
+  only be its own fault; or
+* otherwise a batch of up to ``batch_size`` due messages.
+
+The lease. Before claiming, the worker takes a session-level advisory lock
+keyed by a random token that is part of the lease owner it writes into the
+claimed rows. PostgreSQL releases that lock when the worker's session ends,
+however the process died, so the sweeper can tell a dead delivery from a slow
+one without any transaction staying open during delivery. The claim and the
+settlement are two short transactions: two commits per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+
+from broker.consumers import Delivery, FormatError, Handler, consumer_for
+from broker.errors import IllegalTransition
+from broker.models import Queue, QueueKind
+from broker.services.quarantine import messages_quarantine
+from broker.services.transitions import message_dead_letter
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 300.0
+
+# Claims lock the due rows with SKIP LOCKED so concurrent workers of one queue
+# never wait for each other or claim the same message, mark them DLNG under
+# this worker's lease and count the attempt. Index: message_ready_idx, or
+# message_suspect_idx for a suspect.
+_CLAIM_SQL = """
+WITH due AS (
+    SELECT id FROM broker_message
+    WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND available_at <= now()
+      AND suspect = %(suspect)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE broker_message AS m
+SET state = 'DLNG', lease_owner = %(owner)s,
+    lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
+    attempts = m.attempts + 1, updated_at = now()
+FROM due WHERE m.id = due.id
+RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
+"""
+
+# A suspect may go when the queue's throttle allows and no other suspect of
+# the queue is in flight. The unique index message_one_suspect_in_flight makes
+# the second condition exact when two workers race past this check.
+_SUSPECT_READY_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM broker_message
+    WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND suspect AND available_at <= now()
+) AND NOT EXISTS (
+    SELECT 1 FROM broker_message
+    WHERE queue_id = %(queue_id)s AND state = 'DLNG' AND suspect
+) AND EXISTS (
+    SELECT 1 FROM broker_queue
+    WHERE id = %(queue_id)s AND (suspect_next_at IS NULL OR suspect_next_at <= now())
+)
+"""
+
+_THROTTLE_SQL = """
+UPDATE broker_queue
+SET suspect_next_at = now() + make_interval(secs => suspect_delay_seconds)
+WHERE id = %(queue_id)s
+"""
+
+# Settlement only touches rows this lease still owns: if the sweeper already
+# took a message back (lease expired), the late answer is dropped.
+_ACK_SQL = """
+UPDATE broker_message
+SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
+    updated_at = now()
+WHERE id = ANY(%(ids)s) AND state = 'DLNG' AND lease_owner = %(owner)s
+"""
+
+_RETRY_SQL = """
+UPDATE broker_message AS m
+SET state = 'TBDL', lease_owner = '', lease_deadline = NULL,
+    available_at = now() + make_interval(secs => r.delay), last_error = r.error,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(delays)s::float8[], %(errors)s::text[]) AS r(id, delay, error)
+WHERE m.id = r.id AND m.state = 'DLNG' AND m.lease_owner = %(owner)s
+"""
+
+
+@dataclass
+class Outcome:
+    """What one ``queue_deliver`` call did."""
+
+    claimed: int = 0
+    acked: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    isolated: bool = False
+    # Worth calling again at once: the batch was full, or a suspect was taken.
+    more: bool = False
+    lease_seconds: int = 0
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: int
+    priority: int
+    payload: bytes
+    content_type: str
+    headers: dict[str, str]
+    attempts: int
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_token(owner: str) -> int | None:
+    """The advisory-lock key in a lease owner ``host:pid:token``."""
+    try:
+        return int(owner.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+@contextmanager
+def _lease(worker: str) -> Iterator[str]:
+    """Hold a session-level advisory lock for the lifetime of one delivery
+    unit and yield the lease owner that names it."""
+    token = secrets.randbits(62) + 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [token])
+    try:
+        yield f"{worker}:{token}"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [token])
+
+
+def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
+    """Deliver one unit of work of a queue: TBDL -> DLNG -> DLVD, or back to
+    TBDL for a retry, or on to the dead-letter queue.
+
+    Does nothing for a paused, dead-letter or consumer-less queue.
+    """
+    queue = (
+        Queue.objects.filter(id=queue_id, paused=False, kind=QueueKind.STANDARD)
+        .exclude(consumer="")
+        .first()
+    )
+    if queue is None:
+        return Outcome()
+    handler = consumer_for(queue.consumer)
+    with _lease(worker or worker_name()) as owner:
+        batch = _claim_suspect(queue, owner)
+        isolated = bool(batch)
+        if not batch:
+            batch = _claim(queue, owner, suspect=False, limit=queue.batch_size)
+        if not batch:
+            return Outcome()
+        outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
+        outcome.more = isolated or len(batch) == queue.batch_size
+        results = [_deliver(handler, queue, message, isolated) for message in batch]
+        _settle(queue, owner, batch, results, outcome)
+    return outcome
+
+
+def _claim_suspect(queue: Queue, owner: str) -> list[_Claimed]:
+    """One due crash suspect, if the queue may deliver one now."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SUSPECT_READY_SQL, {"queue_id": queue.id})
+        ready = cursor.fetchone()
+    if not ready or not ready[0]:
+        return []
+    try:
+        return _claim(queue, owner, suspect=True, limit=1)
+    except IntegrityError:  # another worker's suspect got in flight first
+        return []
+
+
+def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[_Claimed]:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "queue_id": queue.id,
+                "suspect": suspect,
+                "limit": limit,
+                "owner": owner,
+                "lease_seconds": queue.lease_seconds,
+            },
+        )
+        rows = cursor.fetchall()
+    claimed = [_Claimed(*row) for row in rows]
+    claimed.sort(key=lambda message: (-message.priority, message.id))
+    return claimed
+
+
+def _deliver(handler: Handler, queue: Queue, message: _Claimed, isolated: bool) -> Exception | None:
+    """Call the consumer; None means acknowledged, else the error it raised."""
+    delivery = Delivery(
+        message_id=message.id,
+        queue=queue.name,
+        payload=bytes(message.payload),
+        content_type=message.content_type,
+        headers=message.headers,
+        attempt=message.attempts,
+        isolated=isolated,
+    )
+    try:
+        handler(delivery)
+    except Exception as error:  # any failure of the consumer is a handler error
+        logger.info("message %s on %s: %s", message.id, queue.name, error)
+        return error
+    return None
+
+
+def _backoff(queue: Queue, attempts: int) -> float:
+    return float(min(queue.retry_backoff_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS))
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+def _settle(
+    queue: Queue,
+    owner: str,
+    batch: list[_Claimed],
+    results: list[Exception | None],
+    outcome: Outcome,
+) -> None:
+    """Record every answer of the batch in one transaction."""
+    acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
+    retry: list[tuple[int, float, str]] = []
+    dead: list[tuple[int, str, str]] = []
+    for message, error in zip(batch, results, strict=True):
+        if error is None:
+            continue
+        if isinstance(error, FormatError):
+            dead.append((message.id, "format_error", _describe(error)))
+        elif message.attempts <= queue.retry_limit:
+            retry.append((message.id, _backoff(queue, message.attempts), _describe(error)))
+        else:
+            dead.append((message.id, "handler_error", _describe(error)))
+    with transaction.atomic(), connection.cursor() as cursor:
+        if acked:
+            cursor.execute(_ACK_SQL, {"ids": acked, "owner": owner})
+            outcome.acked = cursor.rowcount
+        if retry:
+            ids, delays, errors = (list(column) for column in zip(*retry, strict=True))
+            params: dict[str, Any] = {"ids": ids, "delays": delays, "errors": errors}
+            cursor.execute(_RETRY_SQL, {**params, "owner": owner})
+            outcome.retried = cursor.rowcount
+        for message_id, reason, error_text in dead:
+            outcome.dead_lettered += _dead_letter(queue, owner, message_id, reason, error_text)
+        if outcome.isolated:
+            cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
+    lost = len(batch) - outcome.acked - outcome.retried - outcome.dead_lettered
+    if lost:
+        logger.warning("%s: %s message(s) of the batch were taken back by the sweeper", owner, lost)
+
+
+def _dead_letter(queue: Queue, owner: str, message_id: int, reason: str, error_text: str) -> int:
+    """Move one message on; a queue without a dead-letter queue blacklists it."""
+    if queue.dead_letter_queue_id is None:
+        why = f"{reason}, and queue {queue.name} has no dead-letter queue: {error_text}"
+        return len(messages_quarantine(reasons={message_id: why}))
+    try:
+        message_dead_letter(
+            message_id=message_id, reason=reason, error=error_text, lease_owner=owner
+        )
+    except IllegalTransition:
+        return 0  # the sweeper took it back first
+    return 1

@@ -1,0 +1,89 @@
+"""Celery tasks: thin wrappers that take ids and call broker services.
+
+Redis carries only wake-ups. A lost wake-up (Redis down, a worker killed)
+costs latency, never a message: ``dispatch`` finds every queue with due
+messages each second and wakes it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.dispatch import receiver
+
+from broker.models import Queue
+from broker.selectors import queues_with_due_messages
+from broker.services.delivery import queue_deliver
+from broker.services.sweeper import messages_sweep
+from broker.signals import messages_published
+from workers.celery import app
+
+logger = logging.getLogger(__name__)
+
+
+def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
+    """Ask workers to deliver from a queue, best effort.
+
+    The hard time limit is the queue's lease: a delivery that outlives it is
+    killed with its worker process, which the sweeper counts as a crash.
+    """
+    try:
+        for _ in range(tasks):
+            deliver.apply_async(
+                (queue_id,),
+                time_limit=lease_seconds + settings.LAZARETTO_KILL_GRACE_SECONDS,
+                expires=expires,
+                retry=False,
+            )
+    except Exception as error:  # Redis down: the periodic dispatch will catch up
+        logger.warning("could not wake queue %s: %s", queue_id, error)
+
+
+def _fanout(waiting: int, batch_size: int) -> int:
+    return max(1, min(math.ceil(waiting / batch_size), settings.LAZARETTO_DELIVERY_FANOUT))
+
+
+@receiver(messages_published)
+def wake_after_publish(sender: Any, queue: Queue, count: int, **kwargs: Any) -> None:
+    tasks = _fanout(count, queue.batch_size)
+    transaction.on_commit(
+        lambda: wake(queue_id=queue.id, lease_seconds=queue.lease_seconds, tasks=tasks),
+        robust=True,
+    )
+
+
+@app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
+def deliver(queue_id: int) -> None:
+    """Deliver one batch (or one suspect) of a queue; chain on while busy."""
+    outcome = queue_deliver(queue_id=queue_id)
+    if outcome.more:
+        wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
+
+
+@app.task(name="lazaretto.sweep", ignore_result=True)
+def sweep() -> None:
+    """Flag crashed deliveries and blacklist repeat offenders."""
+    result = messages_sweep()
+    if result.found:
+        logger.info(
+            "sweep: %s crashed message(s) back to TBDL, %s blacklisted",
+            len(result.requeued),
+            len(result.quarantined),
+        )
+
+
+@app.task(name="lazaretto.dispatch", ignore_result=True)
+def dispatch() -> None:
+    """Wake every queue that has due messages (new, delayed or retried)."""
+    interval = settings.LAZARETTO_DISPATCH_INTERVAL_SECONDS
+    for due in queues_with_due_messages():
+        wake(
+            queue_id=due.queue_id,
+            lease_seconds=due.lease_seconds,
+            tasks=_fanout(due.waiting, due.batch_size),
+            expires=2 * interval,
+        )
