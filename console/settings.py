@@ -175,8 +175,10 @@ LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS",
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
-# Seconds past a queue's lease before Celery kills a delivery that hangs.
-LAZARETTO_KILL_GRACE_SECONDS = 1
+# A delivery task is killed when it outlives its queue's lease_seconds; the
+# lease in the database lasts this much longer, so the sweeper sees a hung
+# delivery as a dead worker (a crash) rather than as an expired lease.
+LAZARETTO_LEASE_GRACE_SECONDS = 2
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
         "task": "lazaretto.sweep",

@@ -3,9 +3,11 @@ outsider (logged in, no role), each with an API client."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -13,6 +15,7 @@ from rest_framework.test import APIClient
 from broker.models import Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from tests.harness import RedisServer, Workers, point_celery_at
 
 
 def _user(username: str, group: str | None) -> User:
@@ -88,3 +91,36 @@ def publish(db: None) -> Callable[..., list[int]]:
         )
 
     return _publish
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(directory=tmp_path)
+    server.start()
+    point_celery_at(server.url)
+    yield server
+    server.stop()
+    point_celery_at(settings.CELERY_BROKER_URL)
+
+
+@pytest.fixture
+def start_workers(
+    transactional_db: None, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Callable[..., Workers]]:
+    """Start Celery worker processes on the test database; stopped at the end."""
+    started: list[Workers] = []
+
+    def start(concurrency: int = 2, **extra_env: str) -> Workers:
+        workers = Workers(
+            directory=tmp_path,
+            broker_url=redis_server.url,
+            concurrency=concurrency,
+            extra_env=extra_env,
+        )
+        started.append(workers)
+        workers.start()
+        return workers
+
+    yield start
+    for workers in started:
+        workers.stop()

@@ -31,11 +31,12 @@ def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 
     The hard time limit is the queue's lease: a delivery that outlives it is
     killed with its worker process, which the sweeper counts as a crash.
     """
+    assert lease_seconds > 0
     try:
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
-                time_limit=lease_seconds + settings.LAZARETTO_KILL_GRACE_SECONDS,
+                time_limit=lease_seconds,
                 expires=expires,
                 retry=False,
             )

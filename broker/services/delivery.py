@@ -17,6 +17,7 @@ settlement are two short transactions: two commits per batch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from broker.consumers import Delivery, FormatError, Handler, consumer_for
@@ -200,11 +202,15 @@ def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[_Clai
                 "suspect": suspect,
                 "limit": limit,
                 "owner": owner,
-                "lease_seconds": queue.lease_seconds,
+                "lease_seconds": queue.lease_seconds + settings.LAZARETTO_LEASE_GRACE_SECONDS,
             },
         )
         rows = cursor.fetchall()
-    claimed = [_Claimed(*row) for row in rows]
+    # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
+    claimed = [
+        _Claimed(id, priority, payload, content_type, json.loads(headers), attempts)
+        for id, priority, payload, content_type, headers, attempts in rows
+    ]
     claimed.sort(key=lambda message: (-message.priority, message.id))
     return claimed
 

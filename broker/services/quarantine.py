@@ -78,6 +78,9 @@ def messages_quarantine(*, reasons: dict[int, str]) -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(_QUARANTINE_SQL, {"ids": list(reasons)})
         rows = [dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+        for row in rows:  # jsonb arrives as text through Django's connection
+            row["headers"] = json.loads(row["headers"])
+            row["dead_letter"] = json.loads(row["dead_letter"]) if row["dead_letter"] else None
         paths = [str(_dump(row, reasons[row["id"]])) for row in rows]
         ids = [row["id"] for row in rows]
         if ids:

@@ -67,6 +67,15 @@ def _save_validated(
     queue.save(update_fields=update_fields)
 
 
+def _system_dead_letter_queue() -> Queue | None:
+    """The system dead-letter queue, recreated if an operator deleted it."""
+    queue, _ = Queue.objects.get_or_create(
+        name=settings.LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE,
+        defaults={"kind": QueueKind.DEAD_LETTER, "description": "Messages no consumer could take."},
+    )
+    return queue if queue.is_dead_letter else None
+
+
 @transaction.atomic
 def queue_create(*, name: str, actor: Actor = None, **fields: Any) -> Queue:
     """Create a queue. A standard queue without an explicit dead-letter queue
@@ -82,9 +91,7 @@ def queue_create(*, name: str, actor: Actor = None, **fields: Any) -> Queue:
         and queue.kind == QueueKind.STANDARD
         and name != settings.LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE
     ):
-        queue.dead_letter_queue = Queue.objects.filter(
-            name=settings.LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE, kind=QueueKind.DEAD_LETTER
-        ).first()
+        queue.dead_letter_queue = _system_dead_letter_queue()
     _save_validated(queue)
     audit_record(action="queue_create", actor=actor, queue_name=queue.name)
     return queue
