@@ -175,9 +175,14 @@ LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS",
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
-# A delivery task is killed when it outlives its queue's lease_seconds; the
-# lease in the database lasts this much longer, so the sweeper sees a hung
-# delivery as a dead worker (a crash) rather than as an expired lease.
+# A delivery task keeps claiming batches of its queue for up to this long,
+# then hands over to a fresh task (Celery's per-task cost is paid per second,
+# not per batch).
+LAZARETTO_DELIVERY_TASK_SECONDS = env_float("LAZARETTO_DELIVERY_TASK_SECONDS", 1.0)
+# A delivery task is killed (Celery's hard time limit) once it runs its loop
+# budget plus the queue's lease_seconds; the lease in the database lasts this
+# much longer still, so the sweeper sees a hung delivery as a dead worker (a
+# crash) rather than as an expired lease.
 LAZARETTO_LEASE_GRACE_SECONDS = 2
 CELERY_BEAT_SCHEDULE = {
     "sweep": {

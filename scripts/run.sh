@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run Lazaretto locally: the console web server, plus (later) Celery worker and beat.
+# Run Lazaretto locally: the console web server, the Celery delivery worker,
+# the control worker (sweeper and dispatcher) and beat.
 # Normally started by `make run`, which has already migrated, loaded demo data and
 # put DATABASE_URL / CELERY_BROKER_URL (var/services.env) in the environment.
 #
@@ -50,13 +51,15 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# ---------------------------------------------------------------------------
-# Background services go here (they are stopped with the web server), e.g.:
-#   start_bg celery-worker "$REPO/.venv/bin/celery" -A workers worker -l info
-#   start_bg celery-beat   "$REPO/.venv/bin/celery" -A workers beat -l info \
-#       --schedule "$REPO/var/celerybeat-schedule"
-# Not started yet: for now only the web server runs.
-# ---------------------------------------------------------------------------
+# Background processes, stopped with the web server. Their logs go to var/log.
+CELERY="$REPO/.venv/bin/celery"
+mkdir -p "$REPO/var/log"
+start_bg celery-deliveries "$CELERY" -A workers worker -Q deliveries -l info \
+    --logfile "$REPO/var/log/celery-deliveries.log"
+start_bg celery-control "$CELERY" -A workers worker -Q control -c 1 -n control@%h -l info \
+    --logfile "$REPO/var/log/celery-control.log"
+start_bg celery-beat "$CELERY" -A workers beat -l info \
+    --schedule "$REPO/var/celerybeat-schedule" --logfile "$REPO/var/log/celery-beat.log"
 
 # The console web server. This script stays attached to it (output goes to the
 # terminal) and ends when it ends; `wait` (unlike a plain foreground command)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ def free_port() -> int:
 
 
 def wait_until(
-    condition: Callable[[], T], *, timeout: float, interval: float = 0.1, what: str = ""
+    condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1, what: str = ""
 ) -> T:
     """Poll ``condition`` until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout
@@ -157,11 +158,15 @@ class Workers:
             "beat",
             [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat-schedule")],
         )
-        for name in ("deliveries", "control"):
-            wait_until(
-                lambda name=name: "ready." in self.log(name), timeout=60, what=f"{name} worker"
-            )
-        wait_until(lambda: "Sending due task" in self.log("beat"), timeout=60, what="beat")
+        for name, sign in (
+            ("deliveries", "ready."),
+            ("control", "ready."),
+            ("beat", "Sending due"),
+        ):
+            wait_until(partial(self._logged, name, sign), timeout=60, what=f"{name} to start")
+
+    def _logged(self, name: str, text: str) -> bool:
+        return text in self.log(name)
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with (self.directory / f"{name}.log").open("wb") as log:
@@ -202,7 +207,9 @@ def point_celery_at(broker_url: str) -> None:
     """Make this (test) process send its wake-ups to ``broker_url``."""
     from workers.celery import app
 
-    app.conf.broker_url = broker_url
+    # broker_url itself yields to a CELERY_BROKER_URL environment variable;
+    # the write URL (used for sending) does not.
+    app.conf.broker_write_url = broker_url
     # Celery caches its connection pools; drop them so the new URL is used.
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._pool = None  # type: ignore[attr-defined]
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]

@@ -64,6 +64,13 @@ def test_it_rejects_a_duplicate_name(admin_api, orders):
         ("max_payload_bytes", 0),
         ("dead_letter_queue", "NO.SUCH.DLQ"),
         ("dead_letter_queue", "ORDERS.IN"),
+        ("consumer", "ftp://files.example.com/in"),
+        ("consumer", "file:///etc/passwd"),
+        ("consumer", "javascript:alert(1)"),
+        ("consumer", "http://"),
+        ("consumer", "no-such-handler"),
+        ("suspect_delay_seconds", 5.5),
+        ("suspect_delay_seconds", -1),
     ],
 )
 def test_it_rejects_bad_settings_beside_their_field(admin_api, orders, field, value):
@@ -179,3 +186,17 @@ def test_anonymous_gets_401(anonymous_api, db):
         "code": "not_authenticated",
         "detail": "Authentication credentials were not provided.",
     }
+
+
+@pytest.mark.parametrize("consumer", ["demo", "json", "https://hooks.example.com/lazaretto", ""])
+def test_a_queue_names_a_registered_handler_or_a_webhook(admin_api, consumer):
+    response = admin_api.post(QUEUES, {"name": "NEW.Q", "consumer": consumer}, format="json")
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["consumer"] == consumer
+
+
+def test_the_unknown_handler_error_lists_the_known_ones(admin_api):
+    response = admin_api.post(QUEUES, {"name": "NEW.Q", "consumer": "nope"}, format="json")
+
+    assert "known handlers: demo, json, log, noop" in response.json()["field_errors"]["consumer"][0]

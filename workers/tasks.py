@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 from django.conf import settings
@@ -17,7 +18,7 @@ from django.dispatch import receiver
 
 from broker.models import Queue
 from broker.selectors import queues_with_due_messages
-from broker.services.delivery import queue_deliver
+from broker.services.delivery import queue_deliver, task_time_limit
 from broker.services.sweeper import messages_sweep
 from broker.signals import messages_published
 from workers.celery import app
@@ -28,15 +29,14 @@ logger = logging.getLogger(__name__)
 def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
     """Ask workers to deliver from a queue, best effort.
 
-    The hard time limit is the queue's lease: a delivery that outlives it is
-    killed with its worker process, which the sweeper counts as a crash.
+    A delivery task that outlives its time limit (a hung consumer) is killed
+    with its worker process, which the sweeper counts as a crash.
     """
-    assert lease_seconds > 0
     try:
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
-                time_limit=lease_seconds,
+                time_limit=task_time_limit(lease_seconds),
                 expires=expires,
                 retry=False,
             )
@@ -59,10 +59,13 @@ def wake_after_publish(sender: Any, queue: Queue, count: int, **kwargs: Any) -> 
 
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
 def deliver(queue_id: int) -> None:
-    """Deliver one batch (or one suspect) of a queue; chain on while busy."""
-    outcome = queue_deliver(queue_id=queue_id)
-    if outcome.more:
-        wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
+    """Deliver batches (or suspects, one by one) of a queue until it has
+    nothing due or the task's time budget is spent; then hand over."""
+    budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
+    while (outcome := queue_deliver(queue_id=queue_id)).claimed:
+        if time.monotonic() >= budget_ends:
+            wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
+            return
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)

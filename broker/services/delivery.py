@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -111,8 +112,6 @@ class Outcome:
     retried: int = 0
     dead_lettered: int = 0
     isolated: bool = False
-    # Worth calling again at once: the batch was full, or a suspect was taken.
-    more: bool = False
     lease_seconds: int = 0
 
 
@@ -124,6 +123,12 @@ class _Claimed:
     content_type: str
     headers: dict[str, str]
     attempts: int
+
+
+def task_time_limit(lease_seconds: int) -> int:
+    """Seconds after which a delivery task is killed: its loop budget plus
+    the longest one delivery unit may take."""
+    return lease_seconds + math.ceil(settings.LAZARETTO_DELIVERY_TASK_SECONDS)
 
 
 def worker_name() -> str:
@@ -174,7 +179,6 @@ def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
         if not batch:
             return Outcome()
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
-        outcome.more = isolated or len(batch) == queue.batch_size
         results = [_deliver(handler, queue, message, isolated) for message in batch]
         _settle(queue, owner, batch, results, outcome)
     return outcome
@@ -202,7 +206,8 @@ def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[_Clai
                 "suspect": suspect,
                 "limit": limit,
                 "owner": owner,
-                "lease_seconds": queue.lease_seconds + settings.LAZARETTO_LEASE_GRACE_SECONDS,
+                "lease_seconds": task_time_limit(queue.lease_seconds)
+                + settings.LAZARETTO_LEASE_GRACE_SECONDS,
             },
         )
         rows = cursor.fetchall()

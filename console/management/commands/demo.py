@@ -27,10 +27,10 @@ QUEUES: list[dict[str, Any]] = [
     {
         "name": "ORDERS.IN",
         "description": "Orders from the web shop",
-        "consumer": "log",
+        "consumer": "demo",
         "batch_size": 20,
     },
-    {"name": "PAYMENTS.IN", "description": "Card and bank payment events", "consumer": "log"},
+    {"name": "PAYMENTS.IN", "description": "Card and bank payment events", "consumer": "json"},
     {
         "name": "NOTIFY.OUT",
         "description": "E-mail and SMS notifications",
@@ -132,6 +132,19 @@ class Command(BaseCommand):
             )
         for message_id in orders[90:93]:
             self._deliver(message_id)
+        # Left waiting for the workers: a poison order that crashes its
+        # consumer (blacklisted after two crashes) and a payment that is not
+        # JSON (dead-lettered as a format error).
+        messages_publish(
+            queue_name="ORDERS.IN",
+            messages=[NewMessage(payload=b'{"order": 66666, "note": "CRASH"}')],
+            put_application="webshop",
+        )
+        messages_publish(
+            queue_name="PAYMENTS.IN",
+            messages=[NewMessage(payload=b"PAY-99999;EUR;12.50", content_type="text/csv")],
+            put_application="payments-gw",
+        )
 
     def _deliver(self, message_id: int) -> None:
         message_transition(

@@ -1,0 +1,634 @@
+"""Delivery throughput: a bare SQL claim+ack loop vs real Celery workers, and
+how fast a killed worker's batch goes back to TBDL.
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python bench/deliver.py [--messages N] [--batches 1,10,100]
+                                      [--concurrency C] [--size BYTES]
+
+The bench makes its own database (``lazaretto_bench``, see bench/publish.py)
+and its own redis-server on a free port, and removes both at the end. For each
+batch size it times a bare psycopg loop running the service's own claim and
+ack statements, then Celery workers (``noop`` consumer) draining the same
+number of messages from a fresh queue. Then it SIGKILLs a worker in the middle
+of a batch, three times, and times the sweeper. The last line printed is one
+JSON object with the figures; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+# bench/ is this script's directory, so its sibling bench is importable as ``publish``.
+from publish import (
+    BenchError,
+    batch_sizes,
+    checkpoint,
+    close_django,
+    create_database,
+    database_urls,
+    drop_database,
+    log,
+    make_payload,
+    positive_int,
+    setup_django,
+)
+
+if TYPE_CHECKING:
+    from broker.models import Queue
+    from broker.services.publish import NewMessage
+    from tests.harness import RedisServer, Workers
+
+T = TypeVar("T")
+
+PUBLISH_BATCH = 1000
+PUT_USER = "bench"
+PUT_APPLICATION = "bench"
+CONTENT_TYPE = "application/octet-stream"
+# Workers run as in production: DEBUG off (no query log), so they need a key.
+WORKER_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+# Celery clock: polled fast until the first claim shows, then every 50 ms.
+START_POLL_SECONDS = 0.01
+POLL_SECONDS = 0.05
+BOOT_TIMEOUT_SECONDS = 120.0
+STALL_TIMEOUT_SECONDS = 60.0
+# Kill-to-TBDL: one batch of the demo consumer, slow enough to be caught in flight.
+KILL_RUNS = 3
+KILL_BATCH = 20
+KILL_SLEEP_SECONDS = "0.5"
+KILL_POLL_SECONDS = 0.02
+KILL_TIMEOUT_SECONDS = 30.0
+TARGET_RATIO_BATCH = 100
+TARGETS = {"ratio_at_100": 0.5, "kill_to_tbdl_s": 2.0}
+
+DEPTH_SQL = "SELECT state, count FROM broker_queuedepth WHERE queue_id = %s"
+OUTCOME_SQL = """
+SELECT count(*) FILTER (WHERE state = 'DLVD'), count(*) FILTER (WHERE attempts > 1), count(*)
+FROM broker_message WHERE queue_id = %s
+"""
+LEASED_SQL = "SELECT id, lease_owner FROM broker_message WHERE queue_id = %s AND state = 'DLNG'"
+CRASHED_SQL = """
+SELECT count(*) FROM broker_message
+WHERE id = ANY(%s) AND state = 'TBDL' AND crash_count = 1 AND suspect
+"""
+DIED_SQL = """
+SELECT count(*) FROM broker_message
+WHERE id = ANY(%s) AND last_error = 'the delivering worker died'
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    messages: int
+    batches: tuple[int, ...]
+    concurrency: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every phase needs: the bench database, the private Redis, the payload."""
+
+    options: Options
+    bench_url: str
+    redis: RedisServer
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch: int
+    messages: int
+    bare_seconds: float
+    celery_seconds: float
+    # From launching the Celery processes to the first claim they made.
+    celery_startup_seconds: float
+
+    @property
+    def bare_rate(self) -> float:
+        return self.messages / self.bare_seconds
+
+    @property
+    def celery_rate(self) -> float:
+        return self.messages / self.celery_seconds
+
+    @property
+    def ratio(self) -> float:
+        return self.celery_rate / self.bare_rate
+
+
+@dataclass(frozen=True)
+class KillResult:
+    runs: list[float]
+    sweep_interval: float
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def max(self) -> float:
+        return max(self.runs)
+
+
+# --- arguments ----------------------------------------------------------------
+
+
+def batch_list(text: str) -> tuple[int, ...]:
+    try:
+        sizes = [positive_int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of sizes: {text!r}"
+        ) from error
+    if not sizes:
+        raise argparse.ArgumentTypeError("give at least one batch size")
+    return tuple(dict.fromkeys(sizes))
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=positive_int, default=100_000, help="per path")
+    parser.add_argument("--batches", type=batch_list, default=(1, 10, 100), help="e.g. 1,10,100")
+    parser.add_argument("--concurrency", type=positive_int, default=2, help="delivery processes")
+    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    args = parser.parse_args(argv)
+    return Options(
+        messages=args.messages,
+        batches=args.batches,
+        concurrency=args.concurrency,
+        size=args.size,
+    )
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], T | None], *, timeout: float, interval: float, what: str) -> T:
+    """tests.harness.wait_until, failing with a BenchError."""
+    from tests.harness import wait_until
+
+    try:
+        return wait_until(condition, timeout=timeout, interval=interval, what=what)
+    except AssertionError as error:
+        raise BenchError(str(error)) from None
+
+
+def depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
+    return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
+
+
+def make_queue(name: str, *, consumer: str, batch_size: int, size: int) -> Queue:
+    from broker.services.queues import queue_create
+
+    return queue_create(
+        name=name,
+        consumer=consumer,
+        batch_size=batch_size,
+        max_payload_bytes=max(size, 1024 * 1024),
+    )
+
+
+def publish_messages(queue: Queue, message: NewMessage, count: int) -> None:
+    """``count`` copies of ``message`` through the publish service, 1000 a call.
+    Each call also sends its wake-ups to the (private) Redis."""
+    from broker.services.publish import messages_publish
+
+    for size in batch_sizes(count, PUBLISH_BATCH):
+        messages_publish(
+            queue_name=queue.name,
+            messages=[message] * size,
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
+
+
+def new_message(payload: bytes, headers: dict[str, str] | None = None) -> NewMessage:
+    from broker.services.publish import NewMessage
+
+    return NewMessage(payload=payload, content_type=CONTENT_TYPE, headers=headers or {})
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[RedisServer]:
+    """A redis-server of our own; this process's Celery app sends its wake-ups there."""
+    from tests.harness import RedisServer, point_celery_at
+
+    server = RedisServer(directory=directory)
+    try:
+        try:
+            server.start()
+        except AssertionError as error:  # the harness's timeouts
+            raise BenchError(f"redis-server: {error}") from None
+        point_celery_at(server.url)
+        yield server
+    finally:
+        server.stop()
+
+
+def flush_redis(server: RedisServer) -> None:
+    """Drop every wake-up still queued (or left unacked by killed workers)."""
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+# --- Celery processes -------------------------------------------------------------
+
+
+def worker_env(bench_url: str) -> dict[str, str]:
+    """On top of tests.harness.Workers' env: the bench database, DEBUG off, and
+    the sweep and dispatch intervals this process has (the settings' defaults
+    unless the caller's environment overrides them), not the harness's 0.25 s."""
+    from django.conf import settings
+
+    return {
+        **WORKER_ENV,
+        "DATABASE_URL": bench_url,
+        "LAZARETTO_SWEEP_INTERVAL_SECONDS": str(settings.LAZARETTO_SWEEP_INTERVAL_SECONDS),
+        "LAZARETTO_DISPATCH_INTERVAL_SECONDS": str(settings.LAZARETTO_DISPATCH_INTERVAL_SECONDS),
+    }
+
+
+def log_tails(workers: Workers, limit: int = 1500) -> str:
+    return "\n".join(
+        f"--- {name}.log\n{workers.log(name)[-limit:]}"
+        for name in ("deliveries", "control", "beat")
+    )
+
+
+@contextmanager
+def celery_processes(bench: Bench, directory: Path) -> Iterator[tuple[Workers, Future[None]]]:
+    """Launch a deliveries worker (--concurrency C), a control worker and beat
+    without waiting; yields the workers and the future of their start-up
+    (done when all three logged that they are ready). Killed on the way out."""
+    from tests.harness import Workers
+
+    workers = Workers(
+        directory=directory,
+        broker_url=bench.redis.url,
+        concurrency=bench.options.concurrency,
+        extra_env=worker_env(bench.bench_url),
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        started = pool.submit(workers.start)
+        try:
+            yield workers, started
+        except BenchError as error:
+            raise BenchError(f"{error}\n{log_tails(workers)}") from None
+        finally:
+            started.exception()  # let start() finish spawning before killing anything
+            workers.stop()
+
+
+def check_started(started: Future[None]) -> None:
+    """Fail if the Celery processes did not come up."""
+    if started.done() and started.exception() is not None:
+        raise BenchError(f"Celery processes did not start: {started.exception()}")
+
+
+# --- path a: bare claim + ack ---------------------------------------------------
+
+
+def claim_and_ack(conn: psycopg.Connection[Any], claim: dict[str, Any]) -> int:
+    """One batch, two transactions as the service does: the claim, then the ack.
+    Returns how many messages it delivered (0: nothing left)."""
+    from broker.services.delivery import _ACK_SQL, _CLAIM_SQL
+
+    with conn.transaction():
+        ids = [row[0] for row in conn.execute(_CLAIM_SQL, claim).fetchall()]
+    if not ids:
+        return 0
+    with conn.transaction():
+        acked = conn.execute(_ACK_SQL, {"ids": ids, "owner": claim["owner"]}).rowcount
+    if acked != len(ids):
+        raise BenchError(f"bare: claimed {len(ids)} messages but acked {acked}")
+    return acked
+
+
+def run_bare(bench: Bench, queue: Queue) -> float:
+    """Drain the queue with the service's claim and ack statements on a bare
+    psycopg connection: no lease lock, queue lookup, handler or Django."""
+    from broker.services.delivery import worker_name
+
+    claim = {
+        "queue_id": queue.id,
+        "suspect": False,
+        "limit": queue.batch_size,
+        "owner": f"{worker_name()}:{secrets.randbits(62) + 1}",
+        "lease_seconds": queue.lease_seconds,
+    }
+    delivered = 0
+    with psycopg.connect(bench.bench_url, autocommit=True) as conn:
+        started = time.perf_counter()
+        while batch := claim_and_ack(conn, claim):
+            delivered += batch
+        seconds = time.perf_counter() - started
+    log(f"bare: {delivered} messages in {seconds:.2f}s")
+    return seconds
+
+
+# --- path b: Celery workers ---------------------------------------------------------
+
+
+def wait_first_claim(
+    conn: psycopg.Connection[Any], queue_id: int, count: int, started: Future[None]
+) -> float:
+    """perf_counter() when the queue's TBDL counter first drops below ``count``."""
+    deadline = time.perf_counter() + BOOT_TIMEOUT_SECONDS
+    while depths(conn, queue_id).get("TBDL", 0) >= count:
+        check_started(started)
+        if time.perf_counter() > deadline:
+            raise BenchError(f"celery: no message claimed {BOOT_TIMEOUT_SECONDS:.0f}s after launch")
+        time.sleep(START_POLL_SECONDS)
+    return time.perf_counter()
+
+
+def wait_all_delivered(conn: psycopg.Connection[Any], queue_id: int, count: int) -> float:
+    """perf_counter() when the queue's DLVD counter reaches ``count``; fails
+    when it stops moving for STALL_TIMEOUT_SECONDS."""
+    delivered, moved = -1, time.perf_counter()
+    while True:
+        depth = depths(conn, queue_id)
+        now = time.perf_counter()
+        if depth.get("DLVD", 0) >= count:
+            return now
+        if depth.get("DLVD", 0) != delivered:
+            delivered, moved = depth.get("DLVD", 0), now
+        elif now - moved > STALL_TIMEOUT_SECONDS:
+            raise BenchError(f"celery: delivery stalled for {STALL_TIMEOUT_SECONDS:.0f}s: {depth}")
+        time.sleep(POLL_SECONDS)
+
+
+def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
+    """(seconds from the first claim to all ``count`` DLVD, seconds from
+    launching the Celery processes to that first claim)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
+        psycopg.connect(bench.bench_url, autocommit=True) as conn,
+        celery_processes(bench, Path(directory)) as (_, started),
+    ):
+        launched = time.perf_counter()
+        first = wait_first_claim(conn, queue.id, count, started)
+        done = wait_all_delivered(conn, queue.id, count)
+        check_started(started)
+    log(f"celery: {count} messages in {done - first:.2f}s ({first - launched:.2f}s start-up)")
+    return done - first, first - launched
+
+
+def verify_delivered(queue: Queue, expected: int, path: str) -> None:
+    """Every message of the queue is DLVD, in the table and in the counters."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(OUTCOME_SQL, [queue.id])
+        row = cursor.fetchone()
+        cursor.execute(DEPTH_SQL, [queue.id])
+        depth: dict[str, int] = dict(cursor.fetchall())
+    delivered, redelivered, rows = row if row else (None, None, None)
+    live = sum(depth.get(state, 0) for state in ("TBDL", "DLNG", "NDLV", "FAIL"))
+    if delivered != expected or rows != expected or depth.get("DLVD") != expected or live:
+        raise BenchError(
+            f"{path}: expected {expected} DLVD messages; table has {delivered} of {rows}, "
+            f"counters say {depth}"
+        )
+    log(f"{path}: verified {delivered} DLVD (rows and counters), {redelivered} delivered twice")
+
+
+# --- one batch size -----------------------------------------------------------------
+
+
+def run_batch(bench: Bench, batch: int) -> BatchResult:
+    count = bench.options.messages
+    message = new_message(bench.payload)
+    # consumer "" : no worker or dispatcher ever touches the bare path's queue.
+    bare_queue = make_queue(
+        f"BENCH.DELIVER.BARE.{batch}", consumer="", batch_size=batch, size=bench.options.size
+    )
+    log(f"batch {batch}: publishing {count} messages to {bare_queue.name}")
+    publish_messages(bare_queue, message, count)
+    checkpoint()
+    bare_seconds = run_bare(bench, bare_queue)
+    verify_delivered(bare_queue, count, f"bare {batch}")
+
+    queue = make_queue(
+        f"BENCH.DELIVER.CELERY.{batch}", consumer="noop", batch_size=batch, size=bench.options.size
+    )
+    flush_redis(bench.redis)  # only this queue's wake-ups wait for the workers
+    log(f"batch {batch}: publishing {count} messages to {queue.name}")
+    publish_messages(queue, message, count)
+    checkpoint()
+    celery_seconds, startup = run_celery(bench, queue, count)
+    verify_delivered(queue, count, f"celery {batch}")
+    return BatchResult(batch, count, bare_seconds, celery_seconds, startup)
+
+
+# --- kill-to-TBDL ---------------------------------------------------------------------
+
+
+def leased_batch(conn: psycopg.Connection[Any], queue_id: int) -> tuple[str, list[int]] | None:
+    """(lease owner, its message ids) once all KILL_BATCH messages are DLNG."""
+    rows = conn.execute(LEASED_SQL, [queue_id]).fetchall()
+    if len(rows) < KILL_BATCH:
+        return None
+    owner = rows[0][1]
+    return owner, [message_id for message_id, leased_by in rows if leased_by == owner]
+
+
+def lease_pid(owner: str, workers: Workers) -> int:
+    """The delivery process named in a lease owner ``host:pid:token``; it must
+    be one of our pool's children (never kill anything else)."""
+    host, pid, _ = owner.rsplit(":", 2)
+    if host != socket.gethostname() or int(pid) not in workers.delivery_processes():
+        raise BenchError(f"kill: lease owner {owner} is not one of our delivery processes")
+    return int(pid)
+
+
+def kill_once(bench: Bench, workers: Workers, index: int) -> float:
+    """Seconds from SIGKILL of the process delivering a batch to its messages
+    being TBDL again (suspect, crash_count 1)."""
+    from broker.services.queues import queue_update
+
+    queue = make_queue(
+        f"BENCH.DELIVER.KILL.{index}", consumer="demo", batch_size=KILL_BATCH, size=1024
+    )
+    message = new_message(b"bench kill-to-TBDL", {"sleep-seconds": KILL_SLEEP_SECONDS})
+    publish_messages(queue, message, KILL_BATCH)
+    with psycopg.connect(bench.bench_url, autocommit=True) as conn:
+        owner, ids = wait_for(
+            lambda: leased_batch(conn, queue.id),
+            timeout=KILL_TIMEOUT_SECONDS,
+            interval=KILL_POLL_SECONDS,
+            what=f"{KILL_BATCH} messages of {queue.name} DLNG",
+        )
+        pid = lease_pid(owner, workers)
+        killed = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        queue_update(queue=queue, paused=True)  # no redelivery while we watch
+
+        def crashed() -> bool:
+            return conn.execute(CRASHED_SQL, [ids]).fetchone() == (len(ids),)
+
+        wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
+        seconds = time.perf_counter() - killed
+        died = conn.execute(DIED_SQL, [ids]).fetchone()
+    if died != (len(ids),):
+        raise BenchError(f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes")
+    log(f"kill {index}: {len(ids)} messages of pid {pid} back in TBDL after {seconds:.3f}s")
+    return seconds
+
+
+def run_kill(bench: Bench) -> KillResult:
+    from django.conf import settings
+
+    flush_redis(bench.redis)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
+        celery_processes(bench, Path(directory)) as (workers, started),
+    ):
+        wait_for(started.done, timeout=BOOT_TIMEOUT_SECONDS, interval=0.1, what="Celery start")
+        check_started(started)
+        runs = [kill_once(bench, workers, index) for index in range(1, KILL_RUNS + 1)]
+    return KillResult(runs=runs, sweep_interval=settings.LAZARETTO_SWEEP_INTERVAL_SECONDS)
+
+
+# --- driver and report ------------------------------------------------------------------
+
+
+def run_all(options: Options, bench_url: str) -> tuple[list[BatchResult], KillResult]:
+    setup_django(bench_url)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
+        private_redis(Path(directory)) as redis_server,
+    ):
+        bench = Bench(options, bench_url, redis_server, make_payload(options.size))
+        results = [run_batch(bench, batch) for batch in options.batches]
+        kill = run_kill(bench)
+    return results, kill
+
+
+def ratio_verdict(result: BatchResult) -> str:
+    if result.batch != TARGET_RATIO_BATCH:
+        return "-"
+    target = TARGETS["ratio_at_100"]
+    return f">= {target:.2f} {'PASS' if result.ratio >= target else 'MISS'}"
+
+
+def summary(
+    options: Options, results: list[BatchResult], kill: KillResult, seconds: float
+) -> dict[str, Any]:
+    return {
+        "bench": "deliver",
+        "messages": options.messages,
+        "concurrency": options.concurrency,
+        "payload_bytes": options.size,
+        "batches": {
+            str(result.batch): {
+                "messages": result.messages,
+                "bare_msgs_per_s": round(result.bare_rate, 1),
+                "celery_msgs_per_s": round(result.celery_rate, 1),
+                "ratio": round(result.ratio, 3),
+                "bare_s": round(result.bare_seconds, 3),
+                "celery_s": round(result.celery_seconds, 3),
+                "celery_startup_s": round(result.celery_startup_seconds, 3),
+            }
+            for result in results
+        },
+        "celery_clock": "first claim to all DLVD (broker_queuedepth polled)",
+        "worker_debug": WORKER_ENV["DEBUG"] == "1",
+        "kill_to_tbdl_s": {
+            "median": round(kill.median, 3),
+            "max": round(kill.max, 3),
+            "runs": [round(run, 3) for run in kill.runs],
+            "sweep_interval_s": kill.sweep_interval,
+        },
+        "targets": dict(TARGETS),
+        "total_s": round(seconds, 1),
+    }
+
+
+def print_table(options: Options, results: list[BatchResult]) -> None:
+    print(
+        f"deliver bench: {options.size}-byte payloads, consumer noop, Celery deliveries worker "
+        f"--concurrency {options.concurrency} (DEBUG off), a fresh queue per path and batch size"
+    )
+    print("bare:   the service's _CLAIM_SQL then _ACK_SQL, two commits per batch, one psycopg conn")
+    print("celery: clock from the first claim (TBDL counter drops) to DLVD = N, polled every 50 ms")
+    print()
+    header = f"{'batch':>5} {'messages':>9} {'bare msg/s':>11} {'celery msg/s':>13} {'ratio':>6}"
+    print(f"{header}  target (celery/bare)")
+    for result in results:
+        print(
+            f"{result.batch:>5} {result.messages:>9} {result.bare_rate:>11.0f} "
+            f"{result.celery_rate:>13.0f} {result.ratio:>6.2f}  {ratio_verdict(result)}"
+        )
+
+
+def print_kill(kill: KillResult) -> None:
+    target = TARGETS["kill_to_tbdl_s"]
+    verdict = "PASS" if kill.max < target else "MISS"
+    runs = ", ".join(f"{run:.3f}" for run in kill.runs)
+    print()
+    print(
+        f"kill-to-TBDL: consumer demo, batch {KILL_BATCH}, {KILL_SLEEP_SECONDS} s per message, "
+        f"SIGKILL of the delivering process, sweep every {kill.sweep_interval:g} s"
+    )
+    print(
+        f"  median {kill.median:.3f} s, max {kill.max:.3f} s (runs {runs})  "
+        f"target < {target:g} s {verdict}"
+    )
+
+
+def print_report(
+    options: Options, results: list[BatchResult], kill: KillResult, seconds: float
+) -> None:
+    print_table(options, results)
+    print_kill(kill)
+    print(f"total {seconds:.0f} s")
+    print(json.dumps(summary(options, results, kill, seconds)), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    options = parse_args(argv)
+    source_url = os.environ.get("DATABASE_URL")
+    if not source_url:
+        log("DATABASE_URL is not set (source var/services.env)")
+        return 2
+    bench_url, maintenance_url = database_urls(source_url)
+    create_database(maintenance_url)
+    try:
+        results, kill = run_all(options, bench_url)
+    except BenchError as error:
+        log(f"bench failed: {error}")
+        return 1
+    finally:
+        close_django()
+        drop_database(maintenance_url)
+    print_report(options, results, kill, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
