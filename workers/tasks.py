@@ -18,7 +18,7 @@ from django.dispatch import receiver
 
 from broker.models import Queue
 from broker.selectors import queues_with_due_messages
-from broker.services.delivery import queue_deliver, task_time_limit
+from broker.services.delivery import queue_courier, task_time_limit
 from broker.services.sweeper import messages_sweep
 from broker.signals import messages_published
 from workers.celery import app
@@ -62,10 +62,17 @@ def deliver(queue_id: int) -> None:
     """Deliver batches (or suspects, one by one) of a queue until it has
     nothing due or the task's time budget is spent; then hand over."""
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
-    while (outcome := queue_deliver(queue_id=queue_id)).claimed:
-        if time.monotonic() >= budget_ends:
-            wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
+    with queue_courier(queue_id=queue_id) as courier:
+        if courier is None:
             return
+        outcome = courier.deliver(suspects=True)
+        while outcome.claimed:
+            if time.monotonic() >= budget_ends:
+                wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
+                return
+            # Suspects are probed for only while they keep turning up: with no
+            # crash, one probe per task is all they cost.
+            outcome = courier.deliver(suspects=outcome.isolated)
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)

@@ -1,6 +1,6 @@
 """Delivery: claim a batch, hand each message to the queue's consumer, settle.
 
-One call of ``queue_deliver`` delivers one unit of work for one queue:
+A courier delivers one unit of work for one queue at a time:
 
 * a crash suspect, alone, if one is due: a message that was in flight when
   its worker died is never delivered in a batch again, so a second crash can
@@ -145,8 +145,8 @@ def lease_token(owner: str) -> int | None:
 
 @contextmanager
 def _lease(worker: str) -> Iterator[str]:
-    """Hold a session-level advisory lock for the lifetime of one delivery
-    unit and yield the lease owner that names it."""
+    """Hold a session-level advisory lock and yield the lease owner that
+    names it; every message claimed under that owner is covered by it."""
     token = secrets.randbits(62) + 1
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [token])
@@ -157,31 +157,52 @@ def _lease(worker: str) -> Iterator[str]:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [token])
 
 
-def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
-    """Deliver one unit of work of a queue: TBDL -> DLNG -> DLVD, or back to
-    TBDL for a retry, or on to the dead-letter queue.
+@dataclass(frozen=True)
+class Courier:
+    """Delivers one queue's messages under one lease."""
 
-    Does nothing for a paused, dead-letter or consumer-less queue.
-    """
+    queue: Queue
+    owner: str
+    handler: Handler
+
+    def deliver(self, *, suspects: bool = True) -> Outcome:
+        """Deliver one unit of work: TBDL -> DLNG -> DLVD, or back to TBDL for
+        a retry, or on to the dead-letter queue. The unit is a due crash
+        suspect alone (when ``suspects`` and the queue may deliver one now),
+        else a batch of up to ``batch_size`` messages."""
+        queue = self.queue
+        batch = _claim_suspect(queue, self.owner) if suspects else []
+        isolated = bool(batch)
+        if not batch:
+            batch = _claim(queue, self.owner, suspect=False, limit=queue.batch_size)
+        if not batch:
+            return Outcome()
+        outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
+        results = [_deliver(self.handler, queue, message, isolated) for message in batch]
+        _settle(queue, self.owner, batch, results, outcome)
+        return outcome
+
+
+@contextmanager
+def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Courier | None]:
+    """Lease a queue for delivery; None for a paused, dead-letter or
+    consumer-less queue, which delivers nothing."""
     queue = (
         Queue.objects.filter(id=queue_id, paused=False, kind=QueueKind.STANDARD)
         .exclude(consumer="")
         .first()
     )
     if queue is None:
-        return Outcome()
-    handler = consumer_for(queue.consumer)
+        yield None
+        return
     with _lease(worker or worker_name()) as owner:
-        batch = _claim_suspect(queue, owner)
-        isolated = bool(batch)
-        if not batch:
-            batch = _claim(queue, owner, suspect=False, limit=queue.batch_size)
-        if not batch:
-            return Outcome()
-        outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
-        results = [_deliver(handler, queue, message, isolated) for message in batch]
-        _settle(queue, owner, batch, results, outcome)
-    return outcome
+        yield Courier(queue=queue, owner=owner, handler=consumer_for(queue.consumer))
+
+
+def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
+    """Deliver one unit of work of a queue (see ``Courier.deliver``)."""
+    with queue_courier(queue_id=queue_id, worker=worker) as courier:
+        return courier.deliver() if courier else Outcome()
 
 
 def _claim_suspect(queue: Queue, owner: str) -> list[_Claimed]:
