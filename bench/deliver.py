@@ -4,7 +4,7 @@ how fast a killed worker's batch goes back to TBDL.
 Run from the project root with the services env sourced::
 
     .venv/bin/python bench/deliver.py [--messages N] [--batches 1,10,100]
-                                      [--concurrency C] [--size BYTES]
+        [--concurrency C] [--size BYTES] [--batch1-messages M]
 
 The bench makes its own database (``lazaretto_bench``, see bench/publish.py)
 and its own redis-server on a free port, and removes both at the end. For each
@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +66,7 @@ WORKER_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
 # Celery clock: polled fast until the first claim shows, then every 50 ms.
 START_POLL_SECONDS = 0.01
 POLL_SECONDS = 0.05
-BOOT_TIMEOUT_SECONDS = 120.0
+WAKE_TIMEOUT_SECONDS = 30.0
 STALL_TIMEOUT_SECONDS = 60.0
 # Kill-to-TBDL: one batch of the demo consumer, slow enough to be caught in flight.
 KILL_RUNS = 3
@@ -291,11 +290,19 @@ def log_tails(workers: Workers, limit: int = 1500) -> str:
     )
 
 
+def start_workers(workers: Workers) -> None:
+    """Returns once the deliveries and control workers and beat logged that they run."""
+    try:
+        workers.start()
+    except AssertionError as error:  # tests.harness.wait_until timed out
+        raise BenchError(f"Celery processes did not start: {error}") from None
+
+
 @contextmanager
-def celery_processes(bench: Bench, directory: Path) -> Iterator[tuple[Workers, Future[None]]]:
-    """Launch a deliveries worker (--concurrency C), a control worker and beat
-    without waiting; yields the workers and the future of their start-up
-    (done when all three logged that they are ready). Killed on the way out."""
+def celery_processes(bench: Bench, directory: Path) -> Iterator[Workers]:
+    """A deliveries worker (--concurrency C), a control worker and beat, as
+    tests.harness.Workers starts them; their process groups are killed on the
+    way out, and their logs end a failure's message."""
     from tests.harness import Workers
 
     workers = Workers(
@@ -304,21 +311,13 @@ def celery_processes(bench: Bench, directory: Path) -> Iterator[tuple[Workers, F
         concurrency=bench.options.concurrency,
         extra_env=worker_env(bench.bench_url),
     )
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        started = pool.submit(workers.start)
-        try:
-            yield workers, started
-        except BenchError as error:
-            raise BenchError(f"{error}\n{log_tails(workers)}") from None
-        finally:
-            started.exception()  # let start() finish spawning before killing anything
-            workers.stop()
-
-
-def check_started(started: Future[None]) -> None:
-    """Fail if the Celery processes did not come up."""
-    if started.done() and started.exception() is not None:
-        raise BenchError(f"Celery processes did not start: {started.exception()}")
+    try:
+        start_workers(workers)
+        yield workers
+    except BenchError as error:
+        raise BenchError(f"{error}\n{log_tails(workers)}") from None
+    finally:
+        workers.stop()
 
 
 # --- path a: bare claim + ack ---------------------------------------------------
@@ -367,10 +366,10 @@ def run_bare(bench: Bench, queue: Queue) -> float:
 
 def wait_first_claim(conn: psycopg.Connection[Any], queue_id: int, count: int) -> float:
     """perf_counter() when the queue's TBDL counter first drops below ``count``."""
-    deadline = time.perf_counter() + BOOT_TIMEOUT_SECONDS
+    deadline = time.perf_counter() + WAKE_TIMEOUT_SECONDS
     while depths(conn, queue_id).get("TBDL", 0) >= count:
         if time.perf_counter() > deadline:
-            raise BenchError(f"celery: nothing claimed {BOOT_TIMEOUT_SECONDS:.0f}s after unpausing")
+            raise BenchError(f"celery: nothing claimed {WAKE_TIMEOUT_SECONDS:.0f}s after unpausing")
         time.sleep(START_POLL_SECONDS)
     return time.perf_counter()
 
@@ -391,14 +390,8 @@ def wait_all_delivered(conn: psycopg.Connection[Any], queue_id: int, count: int)
         time.sleep(POLL_SECONDS)
 
 
-def wait_ready(started: Future[None]) -> None:
-    """Wait until the deliveries and control workers and beat logged that they run."""
-    wait_for(started.done, timeout=BOOT_TIMEOUT_SECONDS, interval=0.1, what="Celery to start")
-    check_started(started)
-
-
 def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
-    """Start the Celery processes, unpause the queue once they are ready and
+    """Start the Celery processes, unpause the queue once they all run and
     time them draining it. Returns (seconds from the first claim to all
     ``count`` DLVD, seconds from unpausing to that first claim)."""
     from broker.services.queues import queue_update
@@ -406,9 +399,8 @@ def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
-        celery_processes(bench, Path(directory)) as (_, started),
+        celery_processes(bench, Path(directory)),
     ):
-        wait_ready(started)
         queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
         released = time.perf_counter()
         first = wait_first_claim(conn, queue.id, count)
@@ -531,9 +523,8 @@ def run_kill(bench: Bench) -> KillResult:
     flush_redis(bench.redis)
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
-        celery_processes(bench, Path(directory)) as (workers, started),
+        celery_processes(bench, Path(directory)) as workers,
     ):
-        wait_ready(started)
         runs = [kill_once(bench, workers, index) for index in range(1, KILL_RUNS + 1)]
     return KillResult(runs=runs, sweep_interval=settings.LAZARETTO_SWEEP_INTERVAL_SECONDS)
 

@@ -21,6 +21,14 @@ class QueueNotFound(BrokerError):
     code = "queue_not_found"
 
 
+class TopicNotFound(BrokerError):
+    code = "topic_not_found"
+
+
+class SubscriptionNotFound(BrokerError):
+    code = "subscription_not_found"
+
+
 class MessageNotFound(BrokerError):
     code = "message_not_found"
 
@@ -58,3 +66,26 @@ class IllegalTransition(BrokerError):
     connect, or it was no longer in the state the caller expected."""
 
     code = "illegal_transition"
+
+
+class MaxMessagesReached(BrokerError):
+    """A reject_new queue or subscription is full; the publish wrote nothing."""
+
+    code = "max_messages_reached"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        owner: str,
+        subscription: str | None,
+        queue: str,
+        limit: int,
+        depth: int,
+    ) -> None:
+        super().__init__(detail)
+        self.owner = owner
+        self.subscription = subscription
+        self.queue = queue
+        self.limit = limit
+        self.depth = depth

@@ -7,12 +7,14 @@ service function in ``broker.services``.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from broker.consumers import validate_consumer
+from broker.topics import TopicError, filter_levels, is_under, topic_levels
 
 QUEUE_NAME_MAX_LENGTH = 48
 # IBM MQ object names: letters, digits, '.', '_', '/', '%'. ASCII only, so
@@ -26,6 +28,21 @@ queue_name_validator = RegexValidator(
     ),
     code="invalid_name",
 )
+
+
+def validate_topic_string(value: str) -> None:
+    try:
+        topic_levels(value)
+    except TopicError as error:
+        raise ValidationError(str(error), code="invalid_topic") from None
+
+
+def validate_topic_filter(value: str) -> None:
+    try:
+        filter_levels(value)
+    except TopicError as error:
+        raise ValidationError(str(error), code="invalid_filter") from None
+
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_SUSPECT_DELAY_SECONDS = 5.0
@@ -68,12 +85,17 @@ class Queue(models.Model):
         default=1.0,
         validators=[MinValueValidator(0.0), MaxValueValidator(MAX_SUSPECT_DELAY_SECONDS)],
     )
+    # Waiting + in-flight messages allowed by direct publishing, and what a
+    # publish past the limit does (broker.services.limits).
     max_messages = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
     )
     overflow = models.CharField(
         max_length=16, choices=Overflow.choices, default=Overflow.REJECT_NEW
     )
+    # discard_old moves discarded messages to the dead-letter queue instead of
+    # deleting them.
+    discard_to_dead_letter = models.BooleanField(default=False)
     max_payload_bytes = models.PositiveIntegerField(
         default=DEFAULT_MAX_PAYLOAD_BYTES, validators=[MinValueValidator(1)]
     )
@@ -149,7 +171,10 @@ class Topic(models.Model):
     name = models.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
     )
-    topic_string = models.CharField(max_length=1024, unique=True)
+    # The root of the topic tree: publications name this or a string below it.
+    topic_string = models.CharField(
+        max_length=1024, unique=True, validators=[validate_topic_string]
+    )
     description = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -168,7 +193,7 @@ class Subscription(models.Model):
         max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
     )
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="subscriptions")
-    topic_filter = models.CharField(max_length=1024)
+    topic_filter = models.CharField(max_length=1024, validators=[validate_topic_filter])
     queue = models.OneToOneField(Queue, on_delete=models.PROTECT, related_name="subscription")
     max_messages = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
@@ -190,6 +215,24 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.topic_id is None or not self.topic_filter:
+            return
+        try:
+            levels = filter_levels(self.topic_filter)
+        except TopicError:
+            return  # the field validator reports it
+        root = topic_levels(self.topic.topic_string)
+        if not is_under(levels, root):
+            raise ValidationError(
+                {
+                    "topic_filter": (
+                        f"The filter must start with the topic's string "
+                        f"{self.topic.topic_string!r}."
+                    )
+                }
+            )
 
 
 class Message(models.Model):
@@ -280,6 +323,14 @@ class Message(models.Model):
                 fields=["lease_deadline"],
                 name="message_in_flight_idx",
                 condition=Q(state=MessageState.DELIVERING),
+            ),
+            # discard_old's oldest waiting messages of a queue:
+            #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
+            #   ORDER BY id LIMIT $excess FOR UPDATE SKIP LOCKED
+            models.Index(
+                fields=["queue", "id"],
+                name="message_waiting_idx",
+                condition=Q(state=MessageState.TO_BE_DELIVERED),
             ),
             # The blacklist, per queue, in quarantine order:
             #   SELECT … FROM broker_message WHERE state = 'NDLV'

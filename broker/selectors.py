@@ -11,7 +11,36 @@ from dataclasses import dataclass
 from django.db import connection
 
 from broker.errors import MessageNotFound
-from broker.models import Message, MessageState, Queue, QueueDepth
+from broker.models import Message, MessageState, Queue, QueueDepth, Subscription
+
+HIGH_WATER_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """Where a queue or subscription stands against its max-messages limit.
+
+    ``live`` counts what the limit counts: waiting and in-flight messages.
+    ``over_limit`` can only come from internal moves (dead-letter retry or
+    forward, release, replay), which never drop a message; ``high_water`` is
+    80 % of the limit or more."""
+
+    live: int
+    max_messages: int | None
+
+    @property
+    def over_limit(self) -> bool:
+        return self.max_messages is not None and self.live > self.max_messages
+
+    @property
+    def high_water(self) -> bool:
+        return (
+            self.max_messages is not None and self.live >= HIGH_WATER_FRACTION * self.max_messages
+        )
+
+
+def live_count(depth: dict[str, int]) -> int:
+    return depth[MessageState.TO_BE_DELIVERED] + depth[MessageState.DELIVERING]
 
 
 @dataclass(frozen=True)
@@ -20,12 +49,27 @@ class QueueSummary:
     depth: dict[str, int]
 
     @property
-    def waiting(self) -> int:
-        return self.depth[MessageState.TO_BE_DELIVERED]
+    def limit(self) -> LimitState:
+        return LimitState(live=live_count(self.depth), max_messages=self.queue.max_messages)
+
+
+@dataclass(frozen=True)
+class SubscriptionSummary:
+    subscription: Subscription
+    depth: dict[str, int]
 
     @property
-    def in_flight(self) -> int:
-        return self.depth[MessageState.DELIVERING]
+    def limit(self) -> LimitState:
+        return LimitState(live=live_count(self.depth), max_messages=self.subscription.max_messages)
+
+
+def subscription_summaries() -> list[SubscriptionSummary]:
+    subscriptions = list(Subscription.objects.select_related("topic", "queue").order_by("name"))
+    depths = queue_depths(queue_ids=[subscription.queue_id for subscription in subscriptions])
+    return [
+        SubscriptionSummary(subscription=subscription, depth=depths[subscription.queue_id])
+        for subscription in subscriptions
+    ]
 
 
 def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:

@@ -289,6 +289,10 @@ def _settle(
         else:
             dead.append((message.id, "handler_error", _describe(error)))
     with transaction.atomic(), connection.cursor() as cursor:
+        if outcome.isolated:
+            # First: the queue row before any message (and so any depth
+            # counter), the lock order limited publishers use too.
+            cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
         if acked:
             cursor.execute(_ACK_SQL, {"ids": acked, "owner": owner})
             outcome.acked = cursor.rowcount
@@ -299,8 +303,6 @@ def _settle(
             outcome.retried = cursor.rowcount
         for message_id, reason, error_text in dead:
             outcome.dead_lettered += _dead_letter(queue, owner, message_id, reason, error_text)
-        if outcome.isolated:
-            cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
     lost = len(batch) - outcome.acked - outcome.retried - outcome.dead_lettered
     if lost:
         logger.warning("%s: %s message(s) of the batch were taken back by the sweeper", owner, lost)

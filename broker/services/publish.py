@@ -1,4 +1,5 @@
-"""Publishing: validate a batch, then write it in one transaction."""
+"""Publishing, to a queue or to a topic: validate a batch, then write it in
+one transaction within the targets' max-messages limits."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ from broker.errors import (
     PayloadTooLarge,
     QueueIsDeadLetter,
     QueueNotFound,
+    TopicNotFound,
 )
-from broker.models import MessageState, Queue
+from broker.models import MessageState, Queue, Topic
+from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
 from broker.signals import messages_published
+from broker.topics import TopicError, is_under, topic_levels, topic_matches
 
 MAX_HEADERS = 64
 MAX_HEADER_NAME_LENGTH = 128
@@ -132,20 +136,16 @@ def _queue_for_publish(queue_name: str) -> Queue:
     return queue
 
 
-def messages_publish(
-    *,
-    queue_name: str,
-    messages: Sequence[NewMessage],
-    put_user: str = "",
-    put_application: str = "",
-) -> list[int]:
-    """Publish ``messages`` to a queue as TBDL, all or nothing.
+@dataclass(frozen=True)
+class TopicDelivery:
+    """The copies a topic publish wrote for one subscription."""
 
-    Every message is validated before anything is written; one bad item
-    rejects the whole batch. The batch is written with one binary COPY, so a
-    batch of 1000 costs about as much as a few single inserts. Returns the new
-    message ids in the order given.
-    """
+    subscription: str
+    queue: str
+    ids: list[int]
+
+
+def _check_batch(messages: Sequence[NewMessage]) -> None:
     if not messages:
         raise InvalidInput(
             "A publish needs at least one message.", field_errors={"messages": ["Empty batch."]}
@@ -153,15 +153,107 @@ def messages_publish(
     limit = settings.LAZARETTO_MAX_PUBLISH_BATCH
     if len(messages) > limit:
         raise BatchTooLarge(f"A batch holds at most {limit} messages, not {len(messages)}.")
+
+
+def messages_publish(
+    *,
+    queue_name: str,
+    messages: Sequence[NewMessage],
+    put_user: str = "",
+    put_application: str = "",
+) -> list[int]:
+    """Publish ``messages`` to a queue as TBDL, all or nothing, within the
+    queue's max-messages limit.
+
+    Every message is validated before anything is written; one bad item
+    rejects the whole batch. The batch is written with one binary COPY, so a
+    batch of 1000 costs about as much as a few single inserts. Returns the new
+    message ids in the order given.
+    """
+    _check_batch(messages)
     queue = _queue_for_publish(queue_name)
-    for index, message in enumerate(messages):
-        _validate(message, index, queue)
-    with transaction.atomic():
-        ids = _insert(
-            queue, messages, put_user=put_user[:150], put_application=put_application[:28]
+    written = _publish([Limit.of_queue(queue)], messages, put_user, put_application)
+    return written[queue.id]
+
+
+def topic_publish(
+    *,
+    topic_name: str,
+    messages: Sequence[NewMessage],
+    topic_string: str = "",
+    put_user: str = "",
+    put_application: str = "",
+) -> list[TopicDelivery]:
+    """Publish ``messages`` on ``topic_string`` (default: the topic's own
+    string): one copy into the queue of every subscription whose filter
+    matches, in one transaction. A full ``reject_new`` subscription fails
+    the whole publish and nothing is written anywhere."""
+    _check_batch(messages)
+    topic = Topic.objects.filter(name=topic_name).first()
+    if topic is None:
+        raise TopicNotFound(f"There is no topic named {topic_name!r}.")
+    topic_string = topic_string or topic.topic_string
+    try:
+        levels = topic_levels(topic_string)
+    except TopicError as error:
+        raise InvalidInput(str(error), field_errors={"topic_string": [str(error)]}) from None
+    if not is_under(levels, topic_levels(topic.topic_string)):
+        problem = f"The topic string must be {topic.topic_string!r} or below it."
+        raise InvalidInput(problem, field_errors={"topic_string": [problem]})
+    subscriptions = [
+        subscription
+        for subscription in topic.subscriptions.select_related("queue").order_by("name")
+        if topic_matches(subscription.topic_filter, topic_string)
+    ]
+    targets = [
+        Limit(
+            queue=subscription.queue,
+            max_messages=subscription.max_messages,
+            overflow=subscription.overflow,
+            discard_to_dead_letter=subscription.discard_to_dead_letter,
+            owner=f"subscription {subscription.name}",
+            subscription=subscription.name,
         )
-        messages_published.send(sender=Queue, queue=queue, count=len(ids))
-    return ids
+        for subscription in subscriptions
+    ]
+    written = _publish(targets, messages, put_user, put_application)
+    return [
+        TopicDelivery(
+            subscription=subscription.name,
+            queue=subscription.queue.name,
+            ids=written[subscription.queue_id],
+        )
+        for subscription in subscriptions
+    ]
+
+
+def _publish(
+    targets: list[Limit], messages: Sequence[NewMessage], put_user: str, put_application: str
+) -> dict[int, list[int]]:
+    """Validate, then write the batch into every target queue in one
+    transaction, enforcing each target's limit (broker.services.limits).
+    Returns the new ids by queue id."""
+    for target in targets:
+        for index, message in enumerate(messages):
+            _validate(message, index, target.queue)
+    limited = [target for target in targets if target.max_messages is not None]
+    with transaction.atomic():
+        if limited:
+            depths = lock_and_measure(target.queue.id for target in limited)
+            refuse_if_full(limited, depths, len(messages))
+        written = {
+            target.queue.id: _insert(
+                target.queue,
+                messages,
+                put_user=put_user[:150],
+                put_application=put_application[:28],
+            )
+            for target in targets
+        }
+        discard_excess(limited)
+        for target in targets:
+            messages_published.send(sender=Queue, queue=target.queue, count=len(messages))
+    return written
 
 
 def _insert(

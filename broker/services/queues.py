@@ -28,6 +28,7 @@ EDITABLE_FIELDS = frozenset(
         "suspect_delay_seconds",
         "max_messages",
         "overflow",
+        "discard_to_dead_letter",
         "max_payload_bytes",
         "dead_letter_queue",
         "paused",

@@ -13,6 +13,8 @@ nothing and raises ``IllegalTransition``.
     NDLV -> TBDL            operator release
     NDLV -> FAIL            operator fail (terminal)
     NDLV -> (deleted)       operator purge
+    TBDL in a DLQ -> TBDL   forward to another queue (an internal move: never
+                            refused by the target's max-messages limit)
 
 Set-based versions for whole batches (claim, ack, retry, crash) live in
 broker.services.delivery and broker.services.sweeper; they follow the same
@@ -27,8 +29,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from broker.errors import IllegalTransition, MessageNotFound
-from broker.models import Message, MessageState
+from broker.errors import IllegalTransition, MessageNotFound, QueueNotFound
+from broker.models import Message, MessageState, Queue, QueueKind
 from broker.services.audit import Actor, audit_record
 
 S = MessageState
@@ -186,3 +188,44 @@ def message_purge(*, message_id: int, actor: Actor, reason: str = "") -> None:
         reason=reason,
         details={"dump_path": message.dump_path},
     )
+
+
+@transaction.atomic
+def message_forward(
+    *,
+    message_id: int,
+    queue_name: str,
+    keep_header: bool = True,
+    actor: Actor = None,
+    reason: str = "",
+) -> Message:
+    """TBDL on a dead-letter queue -> TBDL on ``queue_name``. An internal
+    move: it may take the target past its max-messages limit, never drops
+    the message. ``keep_header=False`` drops the dead-letter header."""
+    target = Queue.objects.filter(name=queue_name).first()
+    if target is None:
+        raise QueueNotFound(f"There is no queue named {queue_name!r}.")
+    message = Message.objects.select_related("queue").filter(id=message_id).first()
+    if message is None:
+        raise MessageNotFound(f"There is no message {message_id}.")
+    source = message.queue.name
+    changes: dict[str, Any] = {"queue": target, "available_at": Now(), "updated_at": Now()}
+    if not keep_header:
+        changes["dead_letter"] = None
+    moved = Message.objects.filter(
+        id=message_id, state=S.TO_BE_DELIVERED, queue__kind=QueueKind.DEAD_LETTER
+    ).update(**changes)
+    if not moved:
+        raise IllegalTransition(
+            f"Message {message_id} is {message.state} on {source}; only waiting messages "
+            "on a dead-letter queue are forwarded."
+        )
+    audit_record(
+        action="message_forward",
+        actor=actor,
+        queue_name=target.name,
+        message_id=message_id,
+        reason=reason,
+        details={"from": source, "keep_header": keep_header},
+    )
+    return Message.objects.select_related("queue").get(id=message_id)

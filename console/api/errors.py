@@ -20,6 +20,9 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.BatchTooLarge: status.HTTP_400_BAD_REQUEST,
     broker_errors.QueueNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.MessageNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.TopicNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.SubscriptionNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.MaxMessagesReached: status.HTTP_409_CONFLICT,
     broker_errors.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     broker_errors.QueueIsDeadLetter: status.HTTP_409_CONFLICT,
     broker_errors.QueueNotEmpty: status.HTTP_409_CONFLICT,
@@ -74,6 +77,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         extra: dict[str, Any] = {}
         if isinstance(exc, broker_errors.PayloadTooLarge):
             extra = {"index": exc.index, "size": exc.size, "limit": exc.limit}
+        elif isinstance(exc, broker_errors.MaxMessagesReached):
+            extra = {
+                "subscription": exc.subscription,
+                "queue": exc.queue,
+                "limit": exc.limit,
+                "depth": exc.depth,
+            }
         http_status = BROKER_STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST)
         return Response(
             error_body(exc.code, exc.detail, exc.field_errors, **extra), status=http_status

@@ -11,7 +11,8 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from broker.models import Message, MessageState, Queue, QueueKind
+from broker.models import Message, MessageState, Queue, QueueKind, Subscription, Topic
+from broker.selectors import LimitState, live_count
 from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
 
 
@@ -25,6 +26,10 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
     )
     depth = serializers.SerializerMethodField(
         help_text="Messages by state: TBDL, DLNG, DLVD, NDLV, FAIL."
+    )
+    limit = serializers.SerializerMethodField(
+        help_text="Waiting + in-flight messages against max_messages: "
+        "`live`, `over_limit`, `high_water` (80 % or more)."
     )
 
     class Meta:
@@ -43,10 +48,12 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             "suspect_delay_seconds",
             "max_messages",
             "overflow",
+            "discard_to_dead_letter",
             "max_payload_bytes",
             "dead_letter_queue",
             "paused",
             "depth",
+            "limit",
             "created_at",
             "updated_at",
         ]
@@ -55,6 +62,57 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
     def get_depth(self, queue: Queue) -> dict[str, int]:
         depths: dict[int, dict[str, int]] = self.context.get("depths", {})
         return depths.get(queue.id, dict.fromkeys(MessageState.values, 0))
+
+    def get_limit(self, queue: Queue) -> dict[str, Any]:
+        return limit_json(
+            LimitState(live=live_count(self.get_depth(queue)), max_messages=queue.max_messages)
+        )
+
+
+def limit_json(state: LimitState) -> dict[str, Any]:
+    return {"live": state.live, "over_limit": state.over_limit, "high_water": state.high_water}
+
+
+class TopicSerializer(serializers.ModelSerializer[Topic]):
+    class Meta:
+        model = Topic
+        fields = ["name", "topic_string", "description", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
+    topic = serializers.SlugRelatedField(slug_field="name", queryset=Topic.objects.all())
+    queue = serializers.CharField(
+        source="queue.name",
+        max_length=48,
+        help_text="The subscription's own queue; created when it does not exist.",
+    )
+    limit = serializers.SerializerMethodField(
+        help_text="The queue's waiting + in-flight messages against this subscription's "
+        "max_messages: `live`, `over_limit`, `high_water`."
+    )
+
+    class Meta:
+        model = Subscription
+        fields = [
+            "name",
+            "topic",
+            "topic_filter",
+            "queue",
+            "max_messages",
+            "overflow",
+            "discard_to_dead_letter",
+            "limit",
+            "created_at",
+        ]
+        read_only_fields = ["created_at"]
+
+    def get_limit(self, subscription: Subscription) -> dict[str, Any]:
+        depths: dict[int, dict[str, int]] = self.context.get("depths", {})
+        depth = depths.get(subscription.queue_id, dict.fromkeys(MessageState.values, 0))
+        return limit_json(
+            LimitState(live=live_count(depth), max_messages=subscription.max_messages)
+        )
 
 
 class PayloadField(serializers.CharField):
@@ -118,6 +176,27 @@ class PublishSerializer(serializers.Serializer[list[NewMessage]]):
     def new_messages(self) -> list[NewMessage]:
         child = MessageInSerializer()
         return [child.to_new_message(attrs) for attrs in self.validated_data["messages"]]
+
+
+class TopicPublishSerializer(PublishSerializer):
+    topic_string = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=1024,
+        trim_whitespace=False,
+        help_text="Where to publish: the topic's string or one below it (default: the topic's).",
+    )
+
+
+class TopicDeliverySerializer(serializers.Serializer[dict[str, Any]]):
+    subscription = serializers.CharField()
+    queue = serializers.CharField()
+    ids = serializers.ListField(child=serializers.IntegerField())
+
+
+class TopicPublishResultSerializer(serializers.Serializer[dict[str, Any]]):
+    count = serializers.IntegerField(help_text="Messages published (before copying).")
+    deliveries = TopicDeliverySerializer(many=True)
 
 
 class PublishResultSerializer(serializers.Serializer[dict[str, Any]]):

@@ -11,4 +11,15 @@ urlpatterns = [
     ),
     path("queues/<path:name>/", views.QueueDetailView.as_view(), name="api-queue"),
     path("messages/<int:message_id>/", views.MessageDetailView.as_view(), name="api-message"),
+    path("topics/", views.TopicListView.as_view(), name="api-topics"),
+    path(
+        "topics/<path:name>/messages/", views.TopicPublishView.as_view(), name="api-topic-publish"
+    ),
+    path("topics/<path:name>/", views.TopicDetailView.as_view(), name="api-topic"),
+    path("subscriptions/", views.SubscriptionListView.as_view(), name="api-subscriptions"),
+    path(
+        "subscriptions/<path:name>/",
+        views.SubscriptionDetailView.as_view(),
+        name="api-subscription",
+    ),
 ]

@@ -3,6 +3,7 @@ and renders; errors become JSON through ``console.api.errors``."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import django_filters
@@ -15,20 +16,46 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.models import Message, MessageState, Queue
+from broker.errors import InvalidInput
+from broker.models import Message, MessageState, Queue, Subscription, Topic
 from broker.selectors import message_get, queue_depths
-from broker.services.publish import messages_publish
+from broker.services.publish import messages_publish, topic_publish
 from broker.services.queues import queue_create, queue_delete, queue_get, queue_update
+from broker.services.topics import (
+    subscription_create,
+    subscription_delete,
+    subscription_get,
+    subscription_update,
+    topic_create,
+    topic_delete,
+    topic_get,
+)
 from console.api.serializers import (
     MessageListSerializer,
     MessageSerializer,
     PublishResultSerializer,
     PublishSerializer,
     QueueSerializer,
+    SubscriptionSerializer,
+    TopicPublishResultSerializer,
+    TopicPublishSerializer,
+    TopicSerializer,
 )
 from console.roles import Role
 
 ERROR = OpenApiResponse(description='Error: `{"code", "detail", "field_errors"?}`')
+
+
+def as_batch(data: Any) -> Any:
+    """A publish body is one message object, a JSON array of them, or
+    ``{"messages": [...]}`` (with the topic string beside it for a topic)."""
+    if isinstance(data, list):
+        return {"messages": data}
+    if isinstance(data, dict) and "messages" not in data:
+        topic_string = data.get("topic_string", "")
+        message = {key: value for key, value in data.items() if key != "topic_string"}
+        return {"messages": [message], "topic_string": topic_string}
+    return data
 
 
 class QueueListView(APIView):
@@ -129,12 +156,7 @@ class QueueMessagesView(ListAPIView[Message]):
         ),
     )
     def post(self, request: Request, name: str) -> Response:
-        data: Any = request.data
-        if isinstance(data, list):
-            data = {"messages": data}
-        elif isinstance(data, dict) and "messages" not in data:
-            data = {"messages": [data]}
-        serializer = PublishSerializer(data=data)
+        serializer = PublishSerializer(data=as_batch(request.data))
         serializer.is_valid(raise_exception=True)
         ids = messages_publish(
             queue_name=name,
@@ -149,3 +171,128 @@ class MessageDetailView(APIView):
     @extend_schema(responses={200: MessageSerializer, 404: ERROR})
     def get(self, request: Request, message_id: int) -> Response:
         return Response(MessageSerializer(message_get(message_id=message_id)).data)
+
+
+class TopicListView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=TopicSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TopicSerializer(Topic.objects.order_by("name"), many=True).data)
+
+    @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, 400: ERROR})
+    def post(self, request: Request) -> Response:
+        serializer = TopicSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        topic = topic_create(actor=request.user, **serializer.validated_data)
+        return Response(TopicSerializer(topic).data, status=status.HTTP_201_CREATED)
+
+
+class TopicDetailView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses={200: TopicSerializer, 404: ERROR})
+    def get(self, request: Request, name: str) -> Response:
+        return Response(TopicSerializer(topic_get(name=name)).data)
+
+    @extend_schema(responses={204: None, 404: ERROR, 409: ERROR})
+    def delete(self, request: Request, name: str) -> Response:
+        topic_delete(topic=topic_get(name=name), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TopicPublishView(APIView):
+    @extend_schema(
+        request=TopicPublishSerializer,
+        responses={201: TopicPublishResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR},
+        description=(
+            "Publish on the topic (or on `topic_string` below it): one copy per matching "
+            "subscription, all or nothing. A full reject_new subscription refuses the whole "
+            "publish with 409 `max_messages_reached`."
+        ),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        serializer = TopicPublishSerializer(data=as_batch(request.data))
+        serializer.is_valid(raise_exception=True)
+        deliveries = topic_publish(
+            topic_name=name,
+            topic_string=serializer.validated_data.get("topic_string", ""),
+            messages=serializer.new_messages(),
+            put_user=request.user.get_username(),
+            put_application="api",
+        )
+        return Response(
+            {
+                "count": len(serializer.validated_data["messages"]),
+                "deliveries": [asdict(d) for d in deliveries],
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+def _subscription_depths(subscriptions: list[Subscription]) -> dict[int, dict[str, int]]:
+    return queue_depths(queue_ids=[subscription.queue_id for subscription in subscriptions])
+
+
+class SubscriptionListView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=SubscriptionSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        subscriptions = list(Subscription.objects.select_related("topic", "queue").order_by("name"))
+        context = {"depths": _subscription_depths(subscriptions)}
+        return Response(SubscriptionSerializer(subscriptions, many=True, context=context).data)
+
+    @extend_schema(
+        request=SubscriptionSerializer, responses={201: SubscriptionSerializer, 400: ERROR}
+    )
+    def post(self, request: Request) -> Response:
+        serializer = SubscriptionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        subscription = subscription_create(
+            actor=request.user, queue_name=data.pop("queue")["name"], **data
+        )
+        return Response(SubscriptionSerializer(subscription).data, status=status.HTTP_201_CREATED)
+
+
+class SubscriptionDetailView(APIView):
+    write_role = Role.ADMIN
+
+    def _render(self, subscription: Subscription) -> Response:
+        context = {"depths": _subscription_depths([subscription])}
+        return Response(SubscriptionSerializer(subscription, context=context).data)
+
+    @extend_schema(responses={200: SubscriptionSerializer, 404: ERROR})
+    def get(self, request: Request, name: str) -> Response:
+        return self._render(subscription_get(name=name))
+
+    @extend_schema(
+        request=SubscriptionSerializer, responses={200: SubscriptionSerializer, 400: ERROR}
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        subscription = subscription_get(name=name)
+        serializer = SubscriptionSerializer(subscription, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        changes = dict(serializer.validated_data)
+        fixed = {
+            "name": subscription.name,
+            "topic": subscription.topic,
+            "queue": {"name": subscription.queue.name},
+        }
+        moved = [
+            key for key, value in fixed.items() if key in changes and changes.pop(key) != value
+        ]
+        if moved:
+            raise InvalidInput(
+                "A subscription keeps its name, topic and queue.",
+                field_errors={key: ["Cannot be changed."] for key in moved},
+            )
+        return self._render(
+            subscription_update(subscription=subscription, actor=request.user, **changes)
+        )
+
+    @extend_schema(responses={204: None, 404: ERROR})
+    def delete(self, request: Request, name: str) -> Response:
+        subscription_delete(subscription=subscription_get(name=name), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
