@@ -1,31 +1,228 @@
 """The operator console's pages. Views stay thin: a selector for the data, a
-template for the page, and the page's named partial for htmx swaps."""
+form for input, a broker service for every change, and the page's named
+partial for htmx swaps. Every form also works as a plain post."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from broker.models import MessageState
-from broker.selectors import queue_summaries
+from broker.errors import BrokerError, QueueNotFound, SubscriptionNotFound
+from broker.models import MessageState, Topic
+from broker.selectors import (
+    QueueSummary,
+    queue_depths,
+    queue_summaries,
+    subscription_summaries,
+)
+from broker.services.queues import queue_get, queue_update
+from broker.services.topics import (
+    subscription_create,
+    subscription_delete,
+    subscription_get,
+    subscription_update,
+    topic_create,
+)
 from console.api.errors import not_found_json
+from console.forms import (
+    QueueLimitsForm,
+    SubscriptionEditForm,
+    SubscriptionForm,
+    TopicForm,
+    add_service_errors,
+)
+from console.roles import Role, user_role
 
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
+View = Callable[..., HttpResponse]
+T = TypeVar("T")
+
+
+def role_required(role: Role) -> Callable[[View], View]:
+    """Login, then at least ``role``; anything less is 403."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if user_role(request.user) < role:
+                raise PermissionDenied("Your role does not allow this.")
+            return view(request, *args, **kwargs)
+
+        return login_required(wrapped)
+
+    return decorate
+
+
+def _found(getter: Callable[..., T], **kwargs: Any) -> T:
+    """What ``getter`` finds, or a 404 page."""
+    try:
+        return getter(**kwargs)
+    except (QueueNotFound, SubscriptionNotFound) as error:
+        raise Http404(error.detail) from None
+
+
+def _page(
+    request: HtmxHttpRequest, template: str, region: str, context: dict[str, Any]
+) -> HttpResponse:
+    """The whole page, or only ``region`` when htmx asks."""
+    return render(request, f"{template}#{region}" if request.htmx else template, context)
+
+
 @require_GET
-@login_required
+@role_required(Role.VIEWER)
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    template = "console/dashboard.html#queue-table" if request.htmx else "console/dashboard.html"
-    return render(
+    return _page(
         request,
-        template,
+        "console/dashboard.html",
+        "queue-table",
         {"summaries": queue_summaries(), "states": MessageState.values},
+    )
+
+
+def _topics_page(
+    request: HtmxHttpRequest,
+    topic_form: TopicForm | None = None,
+    subscription_form: SubscriptionForm | None = None,
+) -> HttpResponse:
+    return _page(
+        request,
+        "console/topics.html",
+        "topics",
+        {
+            "topics": Topic.objects.order_by("name"),
+            "subscriptions": subscription_summaries(),
+            "topic_form": topic_form or TopicForm(),
+            "subscription_form": subscription_form or SubscriptionForm(),
+        },
+    )
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def topics(request: HtmxHttpRequest) -> HttpResponse:
+    return _topics_page(request)
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def topic_new(request: HtmxHttpRequest) -> HttpResponse:
+    form = TopicForm(request.POST)
+    if form.is_valid():
+        try:
+            topic = topic_create(actor=request.user, **form.cleaned_data)
+        except BrokerError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Topic {topic.name} created.")
+            return redirect("topics") if not request.htmx else _topics_page(request)
+    return _topics_page(request, topic_form=form)
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def subscription_new(request: HtmxHttpRequest) -> HttpResponse:
+    form = SubscriptionForm(request.POST)
+    if form.is_valid():
+        fields = dict(form.cleaned_data)
+        try:
+            subscription = subscription_create(
+                actor=request.user,
+                name=fields.pop("name"),
+                topic=fields.pop("topic"),
+                queue_name=fields.pop("queue"),
+                **fields,
+            )
+        except BrokerError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Subscription {subscription.name} created.")
+            return redirect("topics") if not request.htmx else _topics_page(request)
+    return _topics_page(request, subscription_form=form)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.VIEWER)
+def subscription_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    subscription = _found(subscription_get, name=name)
+    form = SubscriptionEditForm(
+        request.POST or None,
+        initial={
+            "topic_filter": subscription.topic_filter,
+            "max_messages": subscription.max_messages,
+            "overflow": subscription.overflow,
+            "discard_to_dead_letter": subscription.discard_to_dead_letter,
+        },
+    )
+    if request.method == "POST":
+        if user_role(request.user) < Role.ADMIN:
+            raise PermissionDenied("Only admins change subscriptions.")
+        if form.is_valid():
+            try:
+                subscription_update(
+                    subscription=subscription, actor=request.user, **form.cleaned_data
+                )
+            except BrokerError as error:
+                add_service_errors(form, error)
+            else:
+                messages.success(request, f"Subscription {name} saved.")
+                if not request.htmx:
+                    return redirect("subscription-edit", name=name)
+    return _page(
+        request,
+        "console/subscription.html",
+        "subscription-form",
+        {"subscription": subscription, "form": form},
+    )
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def subscription_remove(request: HttpRequest, name: str) -> HttpResponse:
+    subscription_delete(subscription=_found(subscription_get, name=name), actor=request.user)
+    messages.success(request, f"Subscription {name} deleted; its queue and messages stay.")
+    return redirect("topics")
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.VIEWER)
+def queue_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    queue = _found(queue_get, name=name)
+    form = QueueLimitsForm(
+        request.POST or None,
+        initial={
+            "max_messages": queue.max_messages,
+            "overflow": queue.overflow,
+            "discard_to_dead_letter": queue.discard_to_dead_letter,
+        },
+    )
+    if request.method == "POST":
+        if user_role(request.user) < Role.ADMIN:
+            raise PermissionDenied("Only admins change queue limits.")
+        if form.is_valid():
+            try:
+                queue_update(queue=queue, actor=request.user, **form.cleaned_data)
+            except BrokerError as error:
+                add_service_errors(form, error)
+            else:
+                messages.success(request, f"Limits of {name} saved.")
+                if not request.htmx:
+                    return redirect("queue-limits", name=name)
+    summary = QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
+    return _page(
+        request, "console/queue_limits.html", "limits-form", {"summary": summary, "form": form}
     )
 
 

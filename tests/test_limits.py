@@ -97,8 +97,10 @@ def test_discard_old_keeps_exactly_the_newest_messages_and_records_each_discard(
     assert kept == ids[-100:]
     discards = AuditEvent.objects.filter(action="message_discard", queue_name="RECENT.Q")
     assert discards.count() == 900
-    assert sorted(discards.values_list("message_id", flat=True)) == ids[:900]
-    assert "past its limit of 100" in discards.first().reason
+    assert sorted(event.message_id or 0 for event in discards) == ids[:900]
+    assert {event.reason for event in discards} == {
+        "discard_old: queue RECENT.Q was past its limit of 100 messages"
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -116,8 +118,9 @@ def test_discard_old_can_move_discards_to_the_dead_letter_queue():
     )
     moved = Message.objects.filter(queue__name="SYSTEM.DEAD.LETTER.QUEUE").order_by("id")
     assert [m.id for m in moved] == ids[:3]
-    assert {m.dead_letter["reason"] for m in moved} == {"discarded_old"}
-    assert moved[0].dead_letter["original_queue"] == "RECENT.Q"
+    headers = [m.dead_letter or {} for m in moved]
+    assert {header["reason"] for header in headers} == {"discarded_old"}
+    assert headers[0]["original_queue"] == "RECENT.Q"
 
 
 @pytest.mark.django_db(transaction=True)
