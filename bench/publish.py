@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = "lazaretto_bench"
 MAINTENANCE_DB = "postgres"
-TARGETS = {"service_vs_copy": 0.5, "api_vs_copy": 0.25}
+TARGETS = {"service_vs_copy": 0.5, "api_vs_copy": 0.25, "limit_vs_service": 0.7}
+# Relative to which path each ratio is reported.
+BASELINES = {"service": "copy", "api": "copy", "limit": "service", "topic5": "service"}
+LIMIT = 1_000_000
+TOPIC_SUBSCRIPTIONS = 5
 CONTENT_TYPE = "text/plain"
 HEADERS = {"source": "bench", "kind": "publish"}
 PUT_USER = "bench"
@@ -156,11 +160,48 @@ def close_django() -> None:
         connections.close_all()
 
 
-def make_queue(name: str, size: int) -> QueueRef:
+def make_queue(name: str, size: int, **limits: Any) -> QueueRef:
     from broker.services.queues import queue_create
 
-    queue = queue_create(name=name, max_payload_bytes=max(size, 1024 * 1024))
+    queue = queue_create(name=name, max_payload_bytes=max(size, 1024 * 1024), **limits)
     return QueueRef(name=queue.name, id=queue.id)
+
+
+def make_limited_queue(name: str, size: int) -> QueueRef:
+    """A reject_new queue whose limit is never reached: the cost measured is
+    the check itself (lock the queue row, read its counters)."""
+    return make_queue(name, size, max_messages=LIMIT, overflow="reject_new")
+
+
+def make_topic(name: str, size: int) -> QueueRef:
+    """A topic with TOPIC_SUBSCRIPTIONS subscriptions that all match; the
+    returned ref names the topic and carries the first subscription queue's id."""
+    from broker.services.topics import subscription_create, topic_create
+
+    topic = topic_create(name=name, topic_string=name.lower())
+    first = None
+    for n in range(TOPIC_SUBSCRIPTIONS):
+        queue = make_queue(f"{name}.SUB{n}", size)
+        subscription_create(
+            name=f"{name}.SUB{n}",
+            topic=topic,
+            queue_name=queue.name,
+            topic_filter=f"{topic.topic_string}/#",
+        )
+        first = first or queue
+    assert first is not None
+    return QueueRef(name=topic.name, id=first.id)
+
+
+def topic_queues(topic: QueueRef) -> list[QueueRef]:
+    from broker.models import Subscription
+
+    return [
+        QueueRef(name=queue_name, id=queue_id)
+        for queue_name, queue_id in Subscription.objects.filter(topic__name=topic.name)
+        .order_by("name")
+        .values_list("queue__name", "queue_id")
+    ]
 
 
 def checkpoint() -> None:
@@ -383,10 +424,36 @@ def run_api(work: Workload, queue: QueueRef) -> float:
         return post_batches(port, token, queue.name, bodies, work.sizes)
 
 
-PATHS: tuple[tuple[str, Callable[[Workload, QueueRef], float]], ...] = (
-    ("copy", run_copy),
-    ("service", run_service),
-    ("api", run_api),
+def run_topic(work: Workload, topic: QueueRef) -> float:
+    from broker.services.publish import topic_publish
+
+    def run() -> None:
+        for count in work.sizes:
+            topic_publish(
+                topic_name=topic.name,
+                messages=work.messages[:count],
+                put_user=PUT_USER,
+                put_application=PUT_APPLICATION,
+            )
+
+    return timed(run)
+
+
+@dataclass(frozen=True)
+class BenchPath:
+    name: str
+    prepare: Callable[[str, int], QueueRef]
+    run: Callable[[Workload, QueueRef], float]
+    # The queues to count afterwards (a topic writes into several).
+    queues: Callable[[QueueRef], list[QueueRef]] = lambda target: [target]
+
+
+PATHS: tuple[BenchPath, ...] = (
+    BenchPath("copy", make_queue, run_copy),
+    BenchPath("service", make_queue, run_service),
+    BenchPath("api", make_queue, run_api),
+    BenchPath("limit", make_limited_queue, run_service),
+    BenchPath("topic5", make_topic, run_topic, topic_queues),
 )
 
 
@@ -403,13 +470,14 @@ def run_all(options: Options, bench_url: str) -> list[Result]:
         messages=make_messages(payload, options.batch),
     )
     results = []
-    for path, run in PATHS:
-        queue = make_queue(f"BENCH.PUBLISH.{path.upper()}", options.size)
+    for path in PATHS:
+        target = path.prepare(f"BENCH.PUBLISH.{path.name.upper()}", options.size)
         checkpoint()
-        log(f"{path}: writing {options.messages} messages to {queue.name}")
-        seconds = run(work, queue)
-        verify(queue, options.messages, path)
-        results.append(Result(path=path, seconds=seconds, messages=options.messages))
+        log(f"{path.name}: publishing {options.messages} messages to {target.name}")
+        seconds = path.run(work, target)
+        for queue in path.queues(target):
+            verify(queue, options.messages, path.name)
+        results.append(Result(path=path.name, seconds=seconds, messages=options.messages))
     return results
 
 
@@ -423,15 +491,19 @@ def summary(options: Options, results: list[Result]) -> dict[str, Any]:
         "copy_msgs_per_s": round(rates["copy"], 1),
         "service_msgs_per_s": round(rates["service"], 1),
         "api_msgs_per_s": round(rates["api"], 1),
+        "limit_msgs_per_s": round(rates["limit"], 1),
+        "topic5_msgs_per_s": round(rates["topic5"], 1),
         "service_vs_copy": round(rates["service"] / rates["copy"], 3),
         "api_vs_copy": round(rates["api"] / rates["copy"], 3),
+        "limit_vs_service": round(rates["limit"] / rates["service"], 3),
+        "topic5_vs_service": round(rates["topic5"] / rates["service"], 3),
         "targets": dict(TARGETS),
     }
 
 
 def print_report(options: Options, results: list[Result]) -> None:
     figures = summary(options, results)
-    copy_rate = results[0].rate
+    rates = {result.path: result.rate for result in results}
     print(
         f"publish bench: {options.messages} messages of {options.size} bytes "
         f"in batches of {options.batch}, one queue per path"
@@ -439,15 +511,25 @@ def print_report(options: Options, results: list[Result]) -> None:
     print("api: JSON bodies encoded before timing (client-side encoding excluded);")
     print("     gunicorn --workers 2 (sync), one sequential stdlib HTTP client")
     print()
-    print(f"{'path':<8} {'seconds':>9} {'msgs/s':>10} {'vs copy':>8}  target")
+    print(f"limit: reject_new queue with max_messages {LIMIT:,} (never reached)")
+    print(
+        f"topic5: topic with {TOPIC_SUBSCRIPTIONS} matching subscriptions; msgs/s counts publishes"
+    )
+    print()
+    print(f"{'path':<8} {'seconds':>9} {'msgs/s':>10} {'ratio':>6} {'vs':<8} target")
     for result in results:
-        ratio = result.rate / copy_rate
-        target = TARGETS.get(f"{result.path}_vs_copy")
+        baseline = BASELINES.get(result.path)
+        if baseline is None:
+            print(f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f}")
+            continue
+        ratio = result.rate / rates[baseline]
+        target = TARGETS.get(f"{result.path}_vs_{baseline}")
         verdict = (
             "-" if target is None else f">= {target:.2f} {'PASS' if ratio >= target else 'MISS'}"
         )
         print(
-            f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f} {ratio:>8.2f}  {verdict}"
+            f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f} {ratio:>6.2f} "
+            f"{baseline:<8} {verdict}"
         )
     print(json.dumps(figures), flush=True)
 
