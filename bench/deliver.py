@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -484,11 +485,30 @@ def lease_pid(owner: str, workers: Workers) -> int:
     return int(pid)
 
 
-def kill_once(bench: Bench, workers: Workers, index: int) -> float:
-    """Seconds from SIGKILL of the process delivering a batch to its messages
-    being TBDL again (suspect, crash_count 1)."""
+def kill_and_watch(conn: psycopg.Connection[Any], queue: Queue, pid: int, ids: list[int]) -> float:
+    """SIGKILL ``pid``, pause the queue (no redelivery while we watch) and
+    return the seconds until all ``ids`` are TBDL, suspect, crash_count 1."""
     from broker.services.queues import queue_update
 
+    def crashed() -> bool:
+        return conn.execute(CRASHED_SQL, [ids]).fetchone() == (len(ids),)
+
+    killed = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    queue_update(queue=queue, paused=True)
+    wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
+    seconds = time.perf_counter() - killed
+    died = conn.execute(DIED_SQL, [ids]).fetchone()
+    if died != (len(ids),):
+        raise BenchError(f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes")
+    return seconds
+
+
+def kill_once(bench: Bench, workers: Workers, index: int, sweep_interval: float) -> float:
+    """Seconds from SIGKILL of the process delivering a batch to its messages
+    being TBDL again. The kill waits a random part of a sweep interval first:
+    publishing right after the previous run's sweep (or beat's first tick)
+    would otherwise always kill just after a sweep, the worst case."""
     queue = make_queue(
         f"BENCH.DELIVER.KILL.{index}", consumer="demo", batch_size=KILL_BATCH, size=1024
     )
@@ -502,18 +522,8 @@ def kill_once(bench: Bench, workers: Workers, index: int) -> float:
             what=f"{KILL_BATCH} messages of {queue.name} DLNG",
         )
         pid = lease_pid(owner, workers)
-        killed = time.perf_counter()
-        os.kill(pid, signal.SIGKILL)
-        queue_update(queue=queue, paused=True)  # no redelivery while we watch
-
-        def crashed() -> bool:
-            return conn.execute(CRASHED_SQL, [ids]).fetchone() == (len(ids),)
-
-        wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
-        seconds = time.perf_counter() - killed
-        died = conn.execute(DIED_SQL, [ids]).fetchone()
-    if died != (len(ids),):
-        raise BenchError(f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes")
+        time.sleep(random.uniform(0, sweep_interval))
+        seconds = kill_and_watch(conn, queue, pid, ids)
     log(f"kill {index}: {len(ids)} messages of pid {pid} back in TBDL after {seconds:.3f}s")
     return seconds
 
@@ -521,13 +531,14 @@ def kill_once(bench: Bench, workers: Workers, index: int) -> float:
 def run_kill(bench: Bench) -> KillResult:
     from django.conf import settings
 
+    interval = settings.LAZARETTO_SWEEP_INTERVAL_SECONDS
     flush_redis(bench.redis)
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         celery_processes(bench, Path(directory)) as workers,
     ):
-        runs = [kill_once(bench, workers, index) for index in range(1, KILL_RUNS + 1)]
-    return KillResult(runs=runs, sweep_interval=settings.LAZARETTO_SWEEP_INTERVAL_SECONDS)
+        runs = [kill_once(bench, workers, index, interval) for index in range(1, KILL_RUNS + 1)]
+    return KillResult(runs=runs, sweep_interval=interval)
 
 
 # --- driver and report ------------------------------------------------------------------
@@ -616,7 +627,8 @@ def print_kill(kill: KillResult) -> None:
     print()
     print(
         f"kill-to-TBDL: consumer demo, batch {KILL_BATCH}, {KILL_SLEEP_SECONDS} s per message, "
-        f"SIGKILL of the delivering process, sweep every {kill.sweep_interval:g} s"
+        f"SIGKILL of the delivering process at a random phase of the sweep "
+        f"(every {kill.sweep_interval:g} s)"
     )
     print(
         f"  median {kill.median:.3f} s, max {kill.max:.3f} s (runs {runs})  "

@@ -89,3 +89,25 @@ class MaxMessagesReached(BrokerError):
         self.queue = queue
         self.limit = limit
         self.depth = depth
+
+
+class RuleTableNotFound(BrokerError):
+    code = "rule_table_not_found"
+
+
+class NotADraft(BrokerError):
+    code = "not_a_draft"
+
+
+class NothingToRollBack(BrokerError):
+    code = "nothing_to_roll_back"
+
+
+class RulesInvalid(BrokerError):
+    """A rules table with errors cannot be activated."""
+
+    code = "rules_invalid"
+
+    def __init__(self, detail: str, *, errors: list[dict[str, object]]) -> None:
+        super().__init__(detail)
+        self.errors = errors

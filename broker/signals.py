@@ -3,6 +3,7 @@ importing them."""
 
 from django.dispatch import Signal
 
-# Sent inside the publishing transaction with ``queue`` (a Queue) and
-# ``count``. Receivers that act on the outside world must wait for the commit.
-messages_published = Signal()
+# Sent inside the transaction that made ``count`` messages deliverable on
+# ``queue`` (a Queue): a publish, or a move back from a dead-letter queue.
+# Receivers that act on the outside world must wait for the commit.
+messages_available = Signal()

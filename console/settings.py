@@ -2,6 +2,7 @@
 environment (see .env.example); a bad value stops start-up naming the
 variable."""
 
+import socket
 from pathlib import Path
 
 import environ
@@ -153,6 +154,9 @@ LOGGING = {
 
 # Lazaretto's own defaults.
 LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
+# This instance's name in dead-letter rules (DESTQM, INPUTQM, FWDQM), as a
+# queue manager's name is in IBM MQ.
+LAZARETTO_INSTANCE_NAME = env_str("LAZARETTO_INSTANCE_NAME", socket.gethostname())
 LAZARETTO_MAX_PUBLISH_BATCH = 1000
 
 # Celery: tasks are acknowledged after they run so a killed worker's task is
@@ -173,6 +177,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout"
 
 LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
+LAZARETTO_DEAD_LETTER_SCAN_SECONDS = env_float("LAZARETTO_DEAD_LETTER_SCAN_SECONDS", 5.0)
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
 # A delivery task keeps claiming batches of its queue for up to this long,
@@ -194,5 +199,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "lazaretto.dispatch",
         "schedule": LAZARETTO_DISPATCH_INTERVAL_SECONDS,
         "options": {"expires": 5 * LAZARETTO_DISPATCH_INTERVAL_SECONDS},
+    },
+    # Dead-letter queues with an active rules table; a scan only looks at
+    # messages whose RETRYINT has passed.
+    "dead-letter-scan": {
+        "task": "lazaretto.dead_letter_scan",
+        "schedule": LAZARETTO_DEAD_LETTER_SCAN_SECONDS,
+        "options": {"expires": 2 * LAZARETTO_DEAD_LETTER_SCAN_SECONDS},
     },
 }

@@ -16,11 +16,12 @@ from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
 
-from broker.models import Queue
+from broker.models import Queue, QueueKind, RuleTableStatus
 from broker.selectors import queues_with_due_messages
+from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
 from broker.services.sweeper import messages_sweep
-from broker.signals import messages_published
+from broker.signals import messages_available
 from workers.celery import app
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ def _fanout(waiting: int, batch_size: int) -> int:
     return max(1, min(math.ceil(waiting / batch_size), settings.LAZARETTO_DELIVERY_FANOUT))
 
 
-@receiver(messages_published)
-def wake_after_publish(sender: Any, queue: Queue, count: int, **kwargs: Any) -> None:
+@receiver(messages_available)
+def wake_when_available(sender: Any, queue: Queue, count: int, **kwargs: Any) -> None:
     tasks = _fanout(count, queue.batch_size)
     transaction.on_commit(
         lambda: wake(queue_id=queue.id, lease_seconds=queue.lease_seconds, tasks=tasks),
@@ -98,3 +99,21 @@ def dispatch() -> None:
             tasks=_fanout(due.waiting, due.batch_size),
             expires=2 * interval,
         )
+
+
+@app.task(name="lazaretto.dead_letter_scan", ignore_result=True)
+def dead_letter_scan_all() -> None:
+    """Process every dead-letter queue that has an active rules table."""
+    for queue in Queue.objects.filter(
+        kind=QueueKind.DEAD_LETTER, rule_tables__status=RuleTableStatus.ACTIVE
+    ):
+        result = dead_letter_scan(queue=queue)
+        if result.acted or result.failed:
+            logger.info(
+                "%s: retried %s, forwarded %s, discarded %s, failed %s",
+                queue.name,
+                result.retried,
+                result.forwarded,
+                result.discarded,
+                result.failed,
+            )

@@ -24,7 +24,7 @@ from broker.errors import (
 )
 from broker.models import MessageState, Queue, Topic
 from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
-from broker.signals import messages_published
+from broker.signals import messages_available
 from broker.topics import TopicError, is_under, topic_levels, topic_matches
 
 MAX_HEADERS = 64
@@ -252,7 +252,7 @@ def _publish(
         }
         discard_excess(limited)
         for target in targets:
-            messages_published.send(sender=Queue, queue=target.queue, count=len(messages))
+            messages_available.send(sender=Queue, queue=target.queue, count=len(messages))
     return written
 
 

@@ -23,6 +23,10 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.TopicNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.SubscriptionNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.MaxMessagesReached: status.HTTP_409_CONFLICT,
+    broker_errors.RuleTableNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.NotADraft: status.HTTP_409_CONFLICT,
+    broker_errors.NothingToRollBack: status.HTTP_409_CONFLICT,
+    broker_errors.RulesInvalid: status.HTTP_409_CONFLICT,
     broker_errors.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     broker_errors.QueueIsDeadLetter: status.HTTP_409_CONFLICT,
     broker_errors.QueueNotEmpty: status.HTTP_409_CONFLICT,
@@ -77,6 +81,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         extra: dict[str, Any] = {}
         if isinstance(exc, broker_errors.PayloadTooLarge):
             extra = {"index": exc.index, "size": exc.size, "limit": exc.limit}
+        elif isinstance(exc, broker_errors.RulesInvalid):
+            extra = {"errors": exc.errors}
         elif isinstance(exc, broker_errors.MaxMessagesReached):
             extra = {
                 "subscription": exc.subscription,

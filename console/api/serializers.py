@@ -11,9 +11,18 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from broker.models import Message, MessageState, Queue, QueueKind, Subscription, Topic
+from broker.models import (
+    Message,
+    MessageState,
+    Queue,
+    QueueKind,
+    RuleTable,
+    Subscription,
+    Topic,
+)
 from broker.selectors import LimitState, live_count
 from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
+from broker.services.rule_tables import rule_table_report
 
 
 class QueueSerializer(serializers.ModelSerializer[Queue]):
@@ -277,3 +286,42 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
 
     def get_payload_bytes(self, message: Message) -> int:
         return len(message.payload)
+
+
+class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
+    queue = serializers.SlugRelatedField(
+        slug_field="name", queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER)
+    )
+    text = serializers.CharField(trim_whitespace=False, help_text="The table in runmqdlq syntax.")
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    validation = serializers.SerializerMethodField(
+        help_text='`{"valid", "control", "rules", "errors": [{"line", "column", "message"}]}`'
+    )
+
+    class Meta:
+        model = RuleTable
+        fields = [
+            "id",
+            "queue",
+            "version",
+            "status",
+            "text",
+            "validation",
+            "created_by",
+            "created_at",
+            "activated_at",
+        ]
+        read_only_fields = ["id", "version", "status", "created_at", "activated_at"]
+
+    def get_validation(self, table: RuleTable) -> dict[str, Any]:
+        return rule_table_report(text=table.text, queue=table.queue)
+
+
+class RuleTableTextSerializer(serializers.Serializer[dict[str, str]]):
+    text = serializers.CharField(trim_whitespace=False)
+
+
+class RollbackSerializer(serializers.Serializer[dict[str, Queue]]):
+    queue = serializers.SlugRelatedField(
+        slug_field="name", queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER)
+    )

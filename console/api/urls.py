@@ -17,6 +17,21 @@ urlpatterns = [
     ),
     path("topics/<path:name>/", views.TopicDetailView.as_view(), name="api-topic"),
     path("subscriptions/", views.SubscriptionListView.as_view(), name="api-subscriptions"),
+    path("rule-tables/", views.RuleTableListView.as_view(), name="api-rule-tables"),
+    path(
+        "rule-tables/rollback/",
+        views.RuleTableRollbackView.as_view(),
+        name="api-rule-table-rollback",
+    ),
+    path("rule-tables/<int:table_id>/", views.RuleTableDetailView.as_view(), name="api-rule-table"),
+    *(
+        path(
+            f"rule-tables/<int:table_id>/{action}/",
+            views.RuleTableActionView.as_view(operation=action),
+            name=f"api-rule-table-{action}",
+        )
+        for action in ("validate", "dry-run", "activate")
+    ),
     path(
         "subscriptions/<path:name>/",
         views.SubscriptionDetailView.as_view(),

@@ -3,6 +3,7 @@ and renders; errors become JSON through ``console.api.errors``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -17,10 +18,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from broker.models import Message, MessageState, Queue, Subscription, Topic
+from broker.models import Message, MessageState, Queue, RuleTable, Subscription, Topic
 from broker.selectors import message_get, queue_depths
 from broker.services.publish import messages_publish, topic_publish
 from broker.services.queues import queue_create, queue_delete, queue_get, queue_update
+from broker.services.rule_tables import (
+    rule_table_activate,
+    rule_table_create,
+    rule_table_dry_run,
+    rule_table_get,
+    rule_table_report,
+    rule_table_rollback,
+    rule_table_update,
+)
 from broker.services.topics import (
     subscription_create,
     subscription_delete,
@@ -36,6 +46,9 @@ from console.api.serializers import (
     PublishResultSerializer,
     PublishSerializer,
     QueueSerializer,
+    RollbackSerializer,
+    RuleTableSerializer,
+    RuleTableTextSerializer,
     SubscriptionSerializer,
     TopicPublishResultSerializer,
     TopicPublishSerializer,
@@ -296,3 +309,76 @@ class SubscriptionDetailView(APIView):
     def delete(self, request: Request, name: str) -> Response:
         subscription_delete(subscription=subscription_get(name=name), actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RuleTableListView(ListAPIView[RuleTable]):
+    """Versions of dead-letter rules tables, newest first; `?queue=NAME`."""
+
+    write_role = Role.ADMIN
+    serializer_class = RuleTableSerializer
+
+    def get_queryset(self) -> QuerySet[RuleTable]:
+        tables = RuleTable.objects.select_related("queue", "created_by").order_by(
+            "queue", "-version"
+        )
+        queue = self.request.query_params.get("queue")
+        return tables.filter(queue__name=queue) if queue else tables
+
+    @extend_schema(request=RuleTableSerializer, responses={201: RuleTableSerializer, 400: ERROR})
+    def post(self, request: Request) -> Response:
+        serializer = RuleTableSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        table = rule_table_create(actor=request.user, **serializer.validated_data)
+        return Response(RuleTableSerializer(table).data, status=status.HTTP_201_CREATED)
+
+
+class RuleTableDetailView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses={200: RuleTableSerializer, 404: ERROR})
+    def get(self, request: Request, table_id: int) -> Response:
+        return Response(RuleTableSerializer(rule_table_get(table_id=table_id)).data)
+
+    @extend_schema(
+        request=RuleTableTextSerializer, responses={200: RuleTableSerializer, 409: ERROR}
+    )
+    def patch(self, request: Request, table_id: int) -> Response:
+        serializer = RuleTableTextSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        table = rule_table_update(
+            table=rule_table_get(table_id=table_id),
+            text=serializer.validated_data["text"],
+            actor=request.user,
+        )
+        return Response(RuleTableSerializer(table).data)
+
+
+class RuleTableActionView(APIView):
+    """validate and dry-run read (viewer); activate changes (admin)."""
+
+    operation = ""
+
+    def get_permissions(self) -> Sequence[Any]:
+        self.write_role = Role.ADMIN if self.operation == "activate" else Role.VIEWER
+        return super().get_permissions()
+
+    @extend_schema(request=None, responses={200: RuleTableSerializer, 404: ERROR, 409: ERROR})
+    def post(self, request: Request, table_id: int) -> Response:
+        table = rule_table_get(table_id=table_id)
+        if self.operation == "validate":
+            return Response(rule_table_report(text=table.text, queue=table.queue))
+        if self.operation == "dry-run":
+            return Response(rule_table_dry_run(table=table))
+        table = rule_table_activate(table=table, actor=request.user)
+        return Response(RuleTableSerializer(table).data)
+
+
+class RuleTableRollbackView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(request=RollbackSerializer, responses={200: RuleTableSerializer, 409: ERROR})
+    def post(self, request: Request) -> Response:
+        serializer = RollbackSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        table = rule_table_rollback(queue=serializer.validated_data["queue"], actor=request.user)
+        return Response(RuleTableSerializer(table).data)

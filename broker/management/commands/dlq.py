@@ -1,0 +1,116 @@
+"""Dead-letter queue rules tables from the command line, as runmqdlq users
+expect: validate a table, import or export one, run the handler."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from broker.errors import BrokerError
+from broker.models import RuleTable, RuleTableStatus
+from broker.rules import export, parse, validation_report
+from broker.services.dead_letters import ScanResult, active_table, dead_letter_scan
+from broker.services.queues import queue_get
+from broker.services.rule_tables import rule_table_activate, rule_table_create
+
+IDLE_POLL_SECONDS = 1.0
+
+
+class Command(BaseCommand):
+    help = "Validate, import, export and run dead-letter rules tables (runmqdlq syntax)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="action", required=True)
+        validate = commands.add_parser("validate", help="check a rules table file")
+        validate.add_argument("file", type=Path)
+        validate.add_argument(
+            "--json", dest="as_json", action="store_true", help="print the parse as JSON"
+        )
+        load = commands.add_parser("import", help="store a file as a new draft version")
+        load.add_argument("file", type=Path)
+        load.add_argument("--queue", required=True)
+        load.add_argument("--activate", action="store_true", help="activate it at once")
+        dump = commands.add_parser("export", help="print a queue's rules table")
+        dump.add_argument("--queue", required=True)
+        dump.add_argument("--version", type=int, help="default: the active version")
+        run = commands.add_parser("run", help="process a dead-letter queue by its active table")
+        run.add_argument("--queue", required=True)
+        run.add_argument("--once", action="store_true", help="one scan, then stop")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        try:
+            getattr(self, f"_{action}")(**options)
+        except BrokerError as error:
+            raise CommandError(error.detail) from None
+
+    def _read(self, file: Path) -> str:
+        try:
+            return file.read_text()
+        except OSError as error:
+            raise CommandError(f"cannot read {file}: {error.strerror}") from None
+
+    def _validate(self, *, file: Path, as_json: bool = False, **options: Any) -> None:
+        """Exit 0 when the table is valid, 1 with its errors otherwise."""
+        report = validation_report(self._read(file))
+        if as_json:
+            self.stdout.write(json.dumps(report, indent=2))
+        elif report["valid"]:
+            self.stdout.write(f"{file}: valid, {len(report['rules'])} rule(s)")
+        else:
+            for error in report["errors"]:
+                self.stderr.write(f"{file}:{error['line']}:{error['column']}: {error['message']}")
+        if not report["valid"]:
+            raise SystemExit(1)
+
+    def _import(self, *, file: Path, queue: str, activate: bool = False, **options: Any) -> None:
+        table = rule_table_create(queue=queue_get(name=queue), text=self._read(file))
+        self.stdout.write(f"{queue}: stored version {table.version} as a draft")
+        if activate:
+            rule_table_activate(table=table)
+            self.stdout.write(f"{queue}: version {table.version} is active")
+
+    def _export(self, *, queue: str, version: int | None = None, **options: Any) -> None:
+        tables = RuleTable.objects.filter(queue=queue_get(name=queue))
+        table = (
+            tables.filter(version=version)
+            if version
+            else tables.filter(status=RuleTableStatus.ACTIVE)
+        ).first()
+        if table is None:
+            raise CommandError(
+                f"{queue} has no {'version ' + str(version) if version else 'active'} rules table"
+            )
+        parsed = parse(table.text).table
+        self.stdout.write(export(parsed) if parsed else table.text, ending="")
+
+    def _run(self, *, queue: str, once: bool = False, **options: Any) -> None:
+        """Scan until nothing is processable (WAIT(NO)), for WAIT(n) idle
+        seconds, or for ever (WAIT(YES)); re-reading the active table at every
+        scan, so activating a new version needs no restart."""
+        dead_letter_queue = queue_get(name=queue)
+        idle_since = time.monotonic()
+        while True:
+            result = dead_letter_scan(queue=dead_letter_queue)
+            self._report(queue, result)
+            if once:
+                return
+            active = active_table(dead_letter_queue)
+            wait = active[1].control.wait if active else True
+            if result.acted:
+                idle_since = time.monotonic()
+            elif wait is False or (wait is not True and time.monotonic() - idle_since >= wait):
+                return
+            time.sleep(IDLE_POLL_SECONDS)
+
+    def _report(self, queue: str, result: ScanResult) -> None:
+        if result.examined:
+            self.stdout.write(
+                f"{queue}: examined {result.examined}, retried {result.retried}, "
+                f"forwarded {result.forwarded}, discarded {result.discarded}, "
+                f"ignored {result.ignored}, failed {result.failed}, "
+                f"without header {result.without_header}"
+            )

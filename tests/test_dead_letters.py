@@ -1,0 +1,287 @@
+"""The dead-letter handler: rules tables acting on a real dead-letter queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from broker.models import AuditEvent, DeadLetterAttempt, Message, Queue, RuleTable
+from broker.services.dead_letters import ScanResult, dead_letter_scan
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+from broker.services.rule_tables import (
+    rule_table_activate,
+    rule_table_create,
+    rule_table_rollback,
+)
+from tests.harness import ROOT, test_database_url, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+
+
+def dead_lettered(
+    count: int, *, original: str = "ORDERS.IN", reason: str = "handler_error", **headers: str
+) -> list[int]:
+    """Messages as the delivery engine dead-letters them: published to
+    ``original``, then moved to the dead-letter queue with a header."""
+    ids = messages_publish(
+        queue_name=original, messages=[NewMessage(payload=b"{}", headers=headers)] * count
+    )
+    header = {"reason": reason, "original_queue": original, "time": "2026-11-22T10:00:00+00:00"}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE broker_message SET queue_id = (SELECT id FROM broker_queue WHERE name = %s),"
+            " dead_letter = %s::jsonb, attempts = 4, updated_at = now() WHERE id = ANY(%s)",
+            [DLQ, json.dumps(header), ids],
+        )
+    return ids
+
+
+def activate(text: str) -> RuleTable:
+    table = rule_table_create(queue=Queue.objects.get(name=DLQ), text=text)
+    return rule_table_activate(table=table)
+
+
+def scan() -> ScanResult:
+    return dead_letter_scan(queue=Queue.objects.get(name=DLQ))
+
+
+def where(message_id: int) -> str:
+    return (
+        Message.objects.filter(id=message_id).values_list("queue__name", flat=True).first()
+        or "gone"
+    )
+
+
+@pytest.fixture(autouse=True)
+def queues(db: None) -> None:
+    queue_create(name="ORDERS.IN", consumer="noop")
+    queue_create(name="REALLY.DEAD", kind="dead_letter")
+    queue_create(name="PARKED.Q")
+
+
+def test_a_retry_into_a_full_queue_is_tried_retry_times_then_the_next_matching_rule_acts():
+    [message_id] = dead_lettered(1)
+    Queue.objects.filter(name="ORDERS.IN").update(max_messages=1)
+    messages_publish(queue_name="ORDERS.IN", messages=[NewMessage(payload=b"filler")])
+    activate(
+        "RETRYINT(0) WAIT(NO)\n"
+        "REASON(LZRC_HANDLER_ERROR) ACTION(RETRY) RETRY(3)\n"
+        "DESTQ(ORDERS.*) ACTION(FWD) FWDQ(REALLY.DEAD) HEADER(YES)\n"
+    )
+
+    for _ in range(3):
+        assert scan().failed == 1
+        assert where(message_id) == DLQ
+    result = scan()
+
+    assert (result.forwarded, where(message_id)) == (1, "REALLY.DEAD")
+    events = AuditEvent.objects.filter(message_id=message_id).order_by("id")
+    assert [(e.action, e.details["rule"]) for e in events] == [
+        ("dlq_action_failed", 1),
+        ("dlq_action_failed", 1),
+        ("dlq_action_failed", 1),
+        ("dlq_fwd", 2),
+    ]
+    assert "queue ORDERS.IN is full" in events[0].reason
+    assert "rules table version 1, rule 2" in events[3].reason
+    assert not DeadLetterAttempt.objects.filter(message_id=message_id).exists()
+
+
+def test_first_match_wins():
+    [message_id] = dead_lettered(1)
+    activate("ACTION(FWD) FWDQ(PARKED.Q)\nACTION(DISCARD)\n")
+
+    scan()
+
+    assert where(message_id) == "PARKED.Q"
+
+
+def test_retry_puts_the_message_back_on_its_original_queue_with_fresh_counters():
+    [message_id] = dead_lettered(1)
+    activate("REASON(LZRC_HANDLER_ERROR) ACTION(RETRY)\n")
+
+    assert scan().retried == 1
+
+    message = Message.objects.get(id=message_id)
+    assert (message.queue.name, message.state, message.attempts) == ("ORDERS.IN", "TBDL", 0)
+
+
+def test_with_no_match_the_message_stays_and_is_counted_as_ignored():
+    [message_id] = dead_lettered(1)
+    activate("WAIT(NO)\nDESTQ(PAYMENTS.*) ACTION(DISCARD)\n")
+
+    result = scan()
+
+    assert (result.ignored, where(message_id)) == (1, DLQ)
+    assert AuditEvent.objects.get(message_id=message_id, action="dlq_ignore")
+    scan()  # looked at again after RETRYINT only
+    assert AuditEvent.objects.filter(message_id=message_id, action="dlq_ignore").count() == 1
+
+
+@pytest.mark.parametrize(("header", "kept"), [("YES", True), ("NO", False)])
+def test_header_yes_keeps_the_dead_letter_header_and_no_drops_it(header, kept):
+    [message_id] = dead_lettered(1)
+    activate(f"ACTION(FWD) FWDQ(&DESTQ) HEADER({header})\n")
+
+    scan()
+
+    message = Message.objects.get(id=message_id)
+    assert message.queue.name == "ORDERS.IN"
+    assert (message.dead_letter is not None) is kept
+
+
+def test_discard_removes_the_message_with_an_audit_event():
+    [message_id] = dead_lettered(1, reason="format_error")
+    activate("REASON(MQRC_FORMAT_ERROR) ACTION(DISCARD)\nACTION(IGNORE)\n")
+
+    assert scan().discarded == 1
+
+    assert where(message_id) == "gone"
+    event = AuditEvent.objects.get(message_id=message_id, action="dlq_discard")
+    assert (event.details, event.queue_name) == ({"rule_table_version": 1, "rule": 1}, DLQ)
+
+
+def test_a_message_without_a_dead_letter_header_is_reported_and_left():
+    [message_id] = dead_lettered(1)
+    Message.objects.filter(id=message_id).update(dead_letter=None)
+    activate("ACTION(DISCARD)\n")
+
+    assert scan().without_header == 1
+    assert where(message_id) == DLQ
+
+
+def test_a_forward_to_a_missing_or_paused_queue_or_another_instance_fails():
+    ids = dead_lettered(3)
+    Queue.objects.filter(name="PARKED.Q").update(paused=True)
+    activate(
+        "RETRYINT(0)\n"
+        "APPLNAME(NOBODY) ACTION(FWD) FWDQ(PARKED.Q)\n"
+        "ACTION(FWD) FWDQ(NO.SUCH.Q) RETRY(1)\n"
+    )
+    assert scan().failed == 3
+    activate("ACTION(FWD) FWDQ(PARKED.Q)\n")
+    assert scan().failed == 3
+    activate("ACTION(FWD) FWDQ(ORDERS.IN) FWDQM(ELSEWHERE)\n")
+    assert scan().failed == 3
+
+    reasons = set(
+        AuditEvent.objects.filter(action="dlq_action_failed").values_list("reason", flat=True)
+    )
+    assert any("NO.SUCH.Q does not exist" in r for r in reasons)
+    assert any("PARKED.Q is paused" in r for r in reasons)
+    assert any("ELSEWHERE is not this instance" in r for r in reasons)
+    assert {where(i) for i in ids} == {DLQ}
+
+
+def run_handler(*extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1"}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "dlq", "run", "--queue", DLQ, *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.slow
+def test_two_handler_processes_act_on_each_of_10000_messages_exactly_once():
+    for _ in range(10):
+        dead_lettered(1000)
+    activate("WAIT(NO)\nACTION(FWD) FWDQ(PARKED.Q) HEADER(YES)\n")
+
+    handlers = [run_handler(), run_handler()]
+    outputs = [handler.communicate(timeout=300)[0].decode() for handler in handlers]
+
+    assert [handler.returncode for handler in handlers] == [0, 0], outputs
+    assert Message.objects.filter(queue__name="PARKED.Q").count() == 10_000
+    assert not Message.objects.filter(queue__name=DLQ).exists()
+    forwards = list(
+        AuditEvent.objects.filter(action="dlq_fwd").values_list("message_id", flat=True)
+    )
+    assert len(forwards) == len(set(forwards)) == 10_000
+    assert all("forwarded" in output for output in outputs), "both handlers took part"
+
+
+@pytest.mark.slow
+def test_a_running_handler_follows_activation_and_rollback_without_a_restart():
+    activate("RETRYINT(1) WAIT(YES)\nACTION(FWD) FWDQ(PARKED.Q)\n")
+    handler = run_handler()
+    try:
+        [first] = dead_lettered(1)
+        wait_until(lambda: where(first) == "PARKED.Q", timeout=30, what="v1 forwarding")
+
+        activate("RETRYINT(1) WAIT(YES)\nACTION(FWD) FWDQ(REALLY.DEAD)\n")
+        [second] = dead_lettered(1)
+        wait_until(lambda: where(second) == "REALLY.DEAD", timeout=30, what="v2 forwarding")
+
+        rule_table_rollback(queue=Queue.objects.get(name=DLQ))
+        [third] = dead_lettered(1)
+        wait_until(lambda: where(third) == "PARKED.Q", timeout=30, what="v1 again")
+        assert handler.poll() is None, "the handler restarted"
+    finally:
+        handler.kill()
+        handler.wait()
+
+
+def test_dlq_validate_exits_0_for_a_valid_table_and_1_with_every_error(tmp_path: Path, capsys):
+    good = tmp_path / "good.rules"
+    good.write_text("* park everything\nACTION(FWD) FWDQ(PARKED.Q)\n")
+    bad = tmp_path / "bad.rules"
+    bad.write_text("ACTION(FLY)\nFWDQ(X)\nACTION(DISCARD) HEADER(NO)\n")
+
+    call_command("dlq", "validate", str(good))
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("dlq", "validate", str(bad))
+
+    assert exit_info.value.code == 1
+    errors = capsys.readouterr().err
+    assert f"{bad}:1:" in errors
+    assert f"{bad}:2:" in errors
+    assert f"{bad}:3:" in errors
+
+
+def test_dlq_validate_json_prints_the_parse(tmp_path: Path, capsys):
+    table = tmp_path / "t.rules"
+    table.write_text(
+        "INPUTQ(SYSTEM.DEAD.LETTER.QUEUE)\nreason(mqrc_q_full) action(retry) retry(5)\n"
+    )
+
+    call_command("dlq", "validate", str(table), "--json")
+
+    assert json.loads(capsys.readouterr().out) == {
+        "valid": True,
+        "control": {"INPUTQ": "SYSTEM.DEAD.LETTER.QUEUE"},
+        "rules": [
+            {"line": 2, "keywords": {"REASON": "MQRC_Q_FULL", "ACTION": "RETRY", "RETRY": "5"}}
+        ],
+        "errors": [],
+    }
+
+
+def test_dlq_import_and_export_round_trip(tmp_path: Path, capsys):
+    source = tmp_path / "in.rules"
+    source.write_text("WAIT(NO)\ndestq(orders.*) action(fwd) fwdq('PARKED.Q')\n")
+
+    call_command("dlq", "import", str(source), "--queue", DLQ, "--activate")
+    capsys.readouterr()
+    call_command("dlq", "export", "--queue", DLQ)
+    exported = capsys.readouterr().out
+    again = tmp_path / "again.rules"
+    again.write_text(exported)
+    call_command("dlq", "import", str(again), "--queue", DLQ)
+
+    first, second = RuleTable.objects.order_by("version")
+    from broker.rules import parse
+
+    assert parse(first.text).table == parse(second.text).table
+    assert "DESTQ(ORDERS.*)" in exported
