@@ -6,7 +6,7 @@ Run from the project root with the services env sourced::
     .venv/bin/python bench/deliver.py [--messages N] [--batches 1,10,100]
         [--concurrency C] [--size BYTES] [--batch1-messages M]
 
-The bench makes its own database (``lazaretto_bench``, see bench/publish.py)
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
 and its own redis-server on a free port, and removes both at the end. For each
 batch size it times a bare psycopg loop running the service's own claim and
 ack statements, then Celery workers (``noop`` consumer) draining the same

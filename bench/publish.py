@@ -4,7 +4,7 @@ Run from the project root with the services env sourced::
 
     .venv/bin/python bench/publish.py [--messages N] [--batch B] [--size BYTES]
 
-The bench makes its own database (``lazaretto_bench`` on the server named by
+The bench makes its own database (``lazaretto_bench_<pid>`` on the server named by
 DATABASE_URL), drops it at the end and never touches the dev database. Each
 path writes N messages of SIZE bytes in batches of B into its own queue, and
 its row count is checked afterwards. The last line printed is one JSON object
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from broker.services.publish import NewMessage
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "lazaretto_bench"
+# One database per bench process, so benches can run side by side.
+BENCH_DB = f"lazaretto_bench_{os.getpid()}"
 MAINTENANCE_DB = "postgres"
 TARGETS = {"service_vs_copy": 0.5, "api_vs_copy": 0.25, "limit_vs_service": 0.7}
 # Relative to which path each ratio is reported.

@@ -1,0 +1,191 @@
+"""Dead-letter handling: messages handled per second by a 20-rule table, and
+the rules matcher alone in rule checks per second.
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python bench/dlq.py [--messages N]
+
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py),
+dead-letters N messages from ten queues with a mix of reasons, and times one
+``dead_letter_scan`` over the dead-letter queue under a 20-rule table whose
+matches fall on every rule position; it checks the queue is empty afterwards.
+The last line printed is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+# bench/ is this script's directory, so its sibling bench is importable as ``publish``.
+from publish import (
+    BenchError,
+    close_django,
+    create_database,
+    database_urls,
+    drop_database,
+    log,
+    positive_int,
+    setup_django,
+)
+
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+ORIGINS = [f"APP{n}.IN" for n in range(10)]
+REASONS = ["handler_error", "format_error", "max_messages_reached", "crash_blacklisted"]
+BATCH = 1000
+MATCHER_SECONDS = 2.0
+
+# 20 rules: 17 that match nothing here, then forwards, a discard and a
+# catch-all, so most messages are checked against most of the table.
+TABLE = "\n".join(
+    [
+        "* bench table: the first 17 rules match no message",
+        "WAIT(NO) RETRYINT(60)",
+        *[f"DESTQ(OTHER{n}.*) APPLNAME('never') ACTION(FWD) FWDQ(PARKED.Q)" for n in range(17)],
+        "REASON(MQRC_FORMAT_ERROR) ACTION(DISCARD)",
+        "REASON(LZRC_HANDLER_ERROR) DESTQ(APP?.IN) ACTION(FWD) FWDQ(&DESTQ) HEADER(NO)",
+        "ACTION(FWD) FWDQ(PARKED.Q) HEADER(YES)",
+    ]
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=positive_int, default=100_000)
+    return int(parser.parse_args(argv).messages)
+
+
+def dead_letter(total: int) -> None:
+    """``total`` messages on the dead-letter queue with realistic headers,
+    written in bulk: published to their origin queues, then moved with one
+    statement per batch, as dead-lettering leaves them."""
+    from django.db import connection
+
+    from broker.services.publish import NewMessage, messages_publish
+    from broker.services.queues import queue_create
+
+    for name in [*ORIGINS, "PARKED.Q"]:
+        queue_create(name=name)
+    message = NewMessage(payload=b'{"order": 1}', content_type="application/json")
+    for start in range(0, total, BATCH):
+        count = min(BATCH, total - start)
+        origin = ORIGINS[(start // BATCH) % len(ORIGINS)]
+        ids = messages_publish(queue_name=origin, messages=[message] * count)
+        reasons = [REASONS[(start + n) % len(REASONS)] for n in range(count)]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE broker_message AS m
+                SET queue_id = (SELECT id FROM broker_queue WHERE name = %(dlq)s),
+                    dead_letter = jsonb_build_object('reason', r.reason, 'original_queue', %(origin)s),
+                    updated_at = now() - interval '1 second'
+                FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
+                WHERE m.id = r.id
+                """,
+                {"dlq": DLQ, "origin": origin, "ids": ids, "reasons": reasons},
+            )
+
+
+def activate_table() -> None:
+    from broker.models import Queue
+    from broker.services.rule_tables import rule_table_activate, rule_table_create
+
+    table = rule_table_create(queue=Queue.objects.get(name=DLQ), text=TABLE)
+    rule_table_activate(table=table)
+
+
+def run_handler(total: int) -> tuple[float, dict[str, int]]:
+    from broker.models import Message, Queue
+    from broker.services.dead_letters import dead_letter_scan
+
+    started = time.perf_counter()
+    result = dead_letter_scan(queue=Queue.objects.get(name=DLQ))
+    seconds = time.perf_counter() - started
+    left = Message.objects.filter(queue__name=DLQ).count()
+    if result.examined != total or left:
+        raise BenchError(f"handler examined {result.examined} of {total}; {left} left on the queue")
+    outcome = {
+        "forwarded": result.forwarded,
+        "discarded": result.discarded,
+        "retried": result.retried,
+    }
+    log(f"handler: {outcome} in {seconds:.2f}s")
+    return seconds, outcome
+
+
+def matcher_rate() -> tuple[float, Counter[int]]:
+    """Rule checks per second of ``matching_rules`` over varied messages."""
+    from broker.rules import matching_rules, parse, reason_code
+
+    table = parse(TABLE).table
+    assert table is not None
+    messages: list[dict[str, str | int]] = [
+        {
+            "DESTQ": ORIGINS[n % len(ORIGINS)],
+            "REASON": reason_code(REASONS[n % len(REASONS)]),
+            "APPLNAME": "webshop",
+            "USERID": "svc",
+            "FORMAT": "MQSTR",
+            "PERSIST": 1,
+            "MSGTYPE": 8,
+        }
+        for n in range(100)
+    ]
+    first_hits: Counter[int] = Counter()
+    calls = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < MATCHER_SECONDS:
+        for message in messages:
+            matches = matching_rules(table, message)
+            first_hits[matches[0][0] if matches else 0] += 1
+        calls += len(messages)
+    seconds = time.perf_counter() - started
+    return calls * len(table.rules) / seconds, first_hits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    total = parse_args(argv)
+    source_url = os.environ.get("DATABASE_URL")
+    if not source_url:
+        log("DATABASE_URL is not set (source var/services.env)")
+        return 2
+    bench_url, maintenance_url = database_urls(source_url)
+    create_database(maintenance_url)
+    try:
+        setup_django(bench_url)
+        log(f"dead-lettering {total} messages")
+        dead_letter(total)
+        activate_table()
+        seconds, outcome = run_handler(total)
+        checks_per_second, first_hits = matcher_rate()
+    except BenchError as error:
+        log(f"bench failed: {error}")
+        return 1
+    finally:
+        close_django()
+        drop_database(maintenance_url)
+    figures: dict[str, Any] = {
+        "bench": "dlq",
+        "messages": total,
+        "rules": 20,
+        "handled_per_s": round(total / seconds, 1),
+        "handler_seconds": round(seconds, 2),
+        "outcome": outcome,
+        "matcher_rule_checks_per_s": round(checks_per_second),
+        "first_match_by_rule": {str(rule): n for rule, n in sorted(first_hits.items())},
+    }
+    print(f"dlq bench: {total} dead-lettered messages, one scan under a 20-rule table")
+    print(f"handler   {seconds:>8.2f} s   {total / seconds:>10.0f} messages/s   {outcome}")
+    print(f"matcher   {checks_per_second:>10.0f} rule checks/s (matching_rules, 20 rules)")
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
