@@ -4,6 +4,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
+from broker.models import RuleTable
 from broker.selectors import queue_summaries
 
 pytestmark = pytest.mark.django_db
@@ -121,4 +122,5 @@ def test_the_demo_can_run_twice(demo, capsys):
     call_command("demo")
 
     assert "already exist" in capsys.readouterr().out
-    assert len(queue_summaries()) == 4
+    assert len(queue_summaries()) == 5
+    assert RuleTable.objects.count() == 1

@@ -15,6 +15,7 @@ from django.utils import timezone
 from broker.models import MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from broker.services.rule_tables import rule_table_create
 from broker.services.transitions import (
     message_ack,
     message_dead_letter,
@@ -31,6 +32,7 @@ QUEUES: list[dict[str, Any]] = [
         "batch_size": 20,
     },
     {"name": "PAYMENTS.IN", "description": "Card and bank payment events", "consumer": "json"},
+    {"name": "PAYMENTS.PARKED", "description": "Payments for a person to look at"},
     {
         "name": "NOTIFY.OUT",
         "description": "E-mail and SMS notifications",
@@ -38,6 +40,18 @@ QUEUES: list[dict[str, Any]] = [
         "max_messages": 5000,
     },
 ]
+
+
+DEMO_RULES = """\
+* Dead-letter rules for the demo (IBM MQ runmqdlq syntax).
+INPUTQ(SYSTEM.DEAD.LETTER.QUEUE) RETRYINT(30) WAIT(YES)
+* Unreadable payments go to a parking queue, without the dead-letter header.
+REASON(MQRC_FORMAT_ERROR) DESTQ(PAYMENTS.*) ACTION(FWD) FWDQ(PAYMENTS.PARKED) HEADER(NO)
+* Orders whose consumer failed get three more chances.
+REASON(LZRC_HANDLER_ERROR) DESTQ(ORDERS.IN) ACTION(RETRY) RETRY(3)
+* Everything else waits for an operator.
+ACTION(IGNORE)
+"""
 
 
 class Command(BaseCommand):
@@ -132,6 +146,12 @@ class Command(BaseCommand):
             )
         for message_id in orders[90:93]:
             self._deliver(message_id)
+        # A rules table for the dead-letter queue, left as a draft: dry-run it
+        # before activating.
+        rule_table_create(
+            queue=Queue.objects.get(name="SYSTEM.DEAD.LETTER.QUEUE"),
+            text=DEMO_RULES,
+        )
         # Left waiting for the workers: a poison order that crashes its
         # consumer (blacklisted after two crashes) and a payment that is not
         # JSON (dead-lettered as a format error).
