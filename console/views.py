@@ -5,9 +5,10 @@ partial for htmx swaps. Every form also works as a plain post."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -49,6 +50,7 @@ class HtmxHttpRequest(HttpRequest):
 
 View = Callable[..., HttpResponse]
 T = TypeVar("T")
+F = TypeVar("F", bound=forms.Form)
 
 
 def role_required(role: Role) -> Callable[[View], View]:
@@ -116,70 +118,63 @@ def topics(request: HtmxHttpRequest) -> HttpResponse:
     return _topics_page(request)
 
 
+def _settings_form(form_class: type[F], request: HttpRequest, instance: object) -> F:
+    """A form bound to the POST, or showing ``instance``'s current values."""
+    initial = {name: getattr(instance, name) for name in form_class.base_fields}
+    return form_class(request.POST or None, initial=initial)
+
+
+def _saved(request: HttpRequest, form: forms.Form, save: Callable[..., object], done: str) -> bool:
+    """For an admin's POST: save the form's data through the service ``save``
+    and say ``done`` (formatted with the data); service errors go beside the
+    fields. Anyone else's POST is refused."""
+    if request.method != "POST":
+        return False
+    if user_role(request.user) < Role.ADMIN:
+        raise PermissionDenied("Only admins change this.")
+    if not form.is_valid():
+        return False
+    try:
+        save(**form.cleaned_data)
+    except BrokerError as error:
+        add_service_errors(form, error)
+        return False
+    messages.success(request, done.format(**form.cleaned_data))
+    return True
+
+
 @require_POST
 @role_required(Role.ADMIN)
 def topic_new(request: HtmxHttpRequest) -> HttpResponse:
     form = TopicForm(request.POST)
-    if form.is_valid():
-        try:
-            topic = topic_create(actor=request.user, **form.cleaned_data)
-        except BrokerError as error:
-            add_service_errors(form, error)
-        else:
-            messages.success(request, f"Topic {topic.name} created.")
-            return redirect("topics") if not request.htmx else _topics_page(request)
-    return _topics_page(request, topic_form=form)
+    save = partial(topic_create, actor=request.user)
+    if _saved(request, form, save, "Topic {name} created.") and not request.htmx:
+        return redirect("topics")
+    return _topics_page(request, topic_form=form if form.errors else None)
+
+
+def _subscribe(actor: Any, queue: str, **fields: Any) -> object:
+    return subscription_create(actor=actor, queue_name=queue, **fields)
 
 
 @require_POST
 @role_required(Role.ADMIN)
 def subscription_new(request: HtmxHttpRequest) -> HttpResponse:
     form = SubscriptionForm(request.POST)
-    if form.is_valid():
-        fields = dict(form.cleaned_data)
-        try:
-            subscription = subscription_create(
-                actor=request.user,
-                name=fields.pop("name"),
-                topic=fields.pop("topic"),
-                queue_name=fields.pop("queue"),
-                **fields,
-            )
-        except BrokerError as error:
-            add_service_errors(form, error)
-        else:
-            messages.success(request, f"Subscription {subscription.name} created.")
-            return redirect("topics") if not request.htmx else _topics_page(request)
-    return _topics_page(request, subscription_form=form)
+    save = partial(_subscribe, request.user)
+    if _saved(request, form, save, "Subscription {name} created.") and not request.htmx:
+        return redirect("topics")
+    return _topics_page(request, subscription_form=form if form.errors else None)
 
 
 @require_http_methods(["GET", "POST"])
 @role_required(Role.VIEWER)
 def subscription_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
     subscription = _found(subscription_get, name=name)
-    form = SubscriptionEditForm(
-        request.POST or None,
-        initial={
-            "topic_filter": subscription.topic_filter,
-            "max_messages": subscription.max_messages,
-            "overflow": subscription.overflow,
-            "discard_to_dead_letter": subscription.discard_to_dead_letter,
-        },
-    )
-    if request.method == "POST":
-        if user_role(request.user) < Role.ADMIN:
-            raise PermissionDenied("Only admins change subscriptions.")
-        if form.is_valid():
-            try:
-                subscription_update(
-                    subscription=subscription, actor=request.user, **form.cleaned_data
-                )
-            except BrokerError as error:
-                add_service_errors(form, error)
-            else:
-                messages.success(request, f"Subscription {name} saved.")
-                if not request.htmx:
-                    return redirect("subscription-edit", name=name)
+    form = _settings_form(SubscriptionEditForm, request, subscription)
+    save = partial(subscription_update, subscription=subscription, actor=request.user)
+    if _saved(request, form, save, f"Subscription {name} saved.") and not request.htmx:
+        return redirect("subscription-edit", name=name)
     return _page(
         request,
         "console/subscription.html",
@@ -200,26 +195,10 @@ def subscription_remove(request: HttpRequest, name: str) -> HttpResponse:
 @role_required(Role.VIEWER)
 def queue_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
     queue = _found(queue_get, name=name)
-    form = QueueLimitsForm(
-        request.POST or None,
-        initial={
-            "max_messages": queue.max_messages,
-            "overflow": queue.overflow,
-            "discard_to_dead_letter": queue.discard_to_dead_letter,
-        },
-    )
-    if request.method == "POST":
-        if user_role(request.user) < Role.ADMIN:
-            raise PermissionDenied("Only admins change queue limits.")
-        if form.is_valid():
-            try:
-                queue_update(queue=queue, actor=request.user, **form.cleaned_data)
-            except BrokerError as error:
-                add_service_errors(form, error)
-            else:
-                messages.success(request, f"Limits of {name} saved.")
-                if not request.htmx:
-                    return redirect("queue-limits", name=name)
+    form = _settings_form(QueueLimitsForm, request, queue)
+    save = partial(queue_update, queue=queue, actor=request.user)
+    if _saved(request, form, save, f"Limits of {name} saved.") and not request.htmx:
+        return redirect("queue-limits", name=name)
     summary = QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
     return _page(
         request, "console/queue_limits.html", "limits-form", {"summary": summary, "form": form}
