@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
+from django.db.models import BinaryField, F, Func, IntegerField, QuerySet, Value
 
 from broker.errors import MessageNotFound
-from broker.models import Message, MessageState, Queue, QueueDepth, Subscription
+from broker.models import AuditEvent, Message, MessageState, Queue, QueueDepth, Subscription
 
 HIGH_WATER_FRACTION = 0.8
 
@@ -125,3 +127,106 @@ def message_get(*, message_id: int) -> Message:
         return Message.objects.select_related("queue").get(id=message_id)
     except Message.DoesNotExist:
         raise MessageNotFound(f"There is no message {message_id}.") from None
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """What the console's message browser narrows by; blank means any."""
+
+    queue: str = ""
+    state: str = ""
+    reason: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    # "name=value": messages whose headers hold that pair.
+    header: str = ""
+    # Bytes the payload contains.
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    messages: list[Message]
+    # The id to continue below, or None on the last page.
+    next_before: int | None
+    # How many match, counted up to COUNT_CAP; None past it ("more than").
+    total: int | None
+
+
+COUNT_CAP = 1000
+
+
+def _filtered(filters: MessageFilter) -> QuerySet[Message]:
+    rows = Message.objects.all()
+    if filters.queue:
+        rows = rows.filter(queue__name=filters.queue)
+    if filters.state:
+        rows = rows.filter(state=filters.state)
+    if filters.reason:
+        rows = rows.filter(dead_letter__reason=filters.reason)
+    if filters.since:
+        rows = rows.filter(created_at__gte=filters.since)
+    if filters.until:
+        rows = rows.filter(created_at__lt=filters.until)
+    if filters.header:
+        name, _, value = filters.header.partition("=")
+        rows = rows.filter(headers__contains={name.strip(): value.strip()})
+    if filters.text:
+        position = Func(
+            Value(filters.text.encode(), output_field=BinaryField()),
+            F("payload"),
+            function="position",
+            arg_joiner=" IN ",
+            output_field=IntegerField(),
+        )
+        rows = rows.annotate(found_at=position).filter(found_at__gt=0)
+    return rows
+
+
+def messages_page(
+    *, filters: MessageFilter, before: int | None = None, size: int = 50
+) -> MessagePage:
+    """Newest first, by keyset on the id (index message_queue_id_idx or the
+    primary key): a page costs the same however deep the reader goes. The
+    count stops at COUNT_CAP, so a page never counts the whole table."""
+    rows = _filtered(filters)
+    page_rows = rows.filter(id__lt=before) if before else rows
+    found = list(page_rows.select_related("queue").defer("payload").order_by("-id")[: size + 1])
+    capped = rows.order_by()[: COUNT_CAP + 1].count()
+    return MessagePage(
+        messages=found[:size],
+        next_before=found[size - 1].id if len(found) > size else None,
+        total=capped if capped <= COUNT_CAP else None,
+    )
+
+
+def message_timeline(*, message_id: int) -> list[AuditEvent]:
+    """The message's audit events, oldest first (index audit_message_idx)."""
+    return list(AuditEvent.objects.filter(message_id=message_id).order_by("id"))
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    actor: str = ""
+    action: str = ""
+    queue: str = ""
+    message_id: int | None = None
+
+
+def audit_page(
+    *, filters: AuditFilter, before: int | None = None, size: int = 100
+) -> tuple[list[AuditEvent], int | None]:
+    """Newest first, keyset on the id; returns the events and the next cursor."""
+    events = AuditEvent.objects.all()
+    if filters.actor:
+        events = events.filter(actor_name=filters.actor)
+    if filters.action:
+        events = events.filter(action=filters.action)
+    if filters.queue:
+        events = events.filter(queue_name=filters.queue)
+    if filters.message_id is not None:
+        events = events.filter(message_id=filters.message_id)
+    if before:
+        events = events.filter(id__lt=before)
+    found = list(events.order_by("-id")[: size + 1])
+    return found[:size], (found[size - 1].id if len(found) > size else None)

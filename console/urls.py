@@ -3,7 +3,7 @@ from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import views
+from console import browse, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -15,6 +15,15 @@ urlpatterns = [
     ),
     path("subscriptions/<path:name>/", views.subscription_edit, name="subscription-edit"),
     path("queues/<path:name>/limits/", views.queue_limits, name="queue-limits"),
+    path("messages/", browse.message_list, name="messages"),
+    path("messages/<int:message_id>/", browse.message_detail, name="message"),
+    path("messages/<int:message_id>/payload/", browse.message_payload, name="message-payload"),
+    path("messages/<int:message_id>/dump/", browse.message_dump, name="message-dump"),
+    path("messages/<int:message_id>/release/", browse.message_release_view, name="message-release"),
+    path("messages/<int:message_id>/fail/", browse.message_fail_view, name="message-fail"),
+    path("messages/<int:message_id>/purge/", browse.message_purge_view, name="message-purge"),
+    path("blacklist/", browse.blacklist, name="blacklist"),
+    path("audit/", browse.audit_log, name="audit"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("console.api.urls")),

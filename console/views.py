@@ -12,7 +12,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
@@ -48,7 +48,7 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 T = TypeVar("T")
 F = TypeVar("F", bound=forms.Form)
 
@@ -58,7 +58,7 @@ def role_required(role: Role) -> Callable[[View], View]:
 
     def decorate(view: View) -> View:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if user_role(request.user) < role:
                 raise PermissionDenied("Your role does not allow this.")
             return view(request, *args, **kwargs)
