@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import BinaryField, F, Func, IntegerField, QuerySet, Value
+from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet, Value
+from django.db.models.fields.json import KeyTextTransform
 
 from broker.errors import MessageNotFound
 from broker.models import AuditEvent, Message, MessageState, Queue, QueueDepth, Subscription
@@ -230,3 +231,30 @@ def audit_page(
         events = events.filter(id__lt=before)
     found = list(events.order_by("-id")[: size + 1])
     return found[:size], (found[size - 1].id if len(found) > size else None)
+
+
+@dataclass(frozen=True)
+class DeadLetterGroups:
+    """A dead-letter queue's waiting messages counted by reason and by the
+    queue they came from."""
+
+    by_reason: list[tuple[str, int]]
+    by_original_queue: list[tuple[str, int]]
+
+
+def dead_letter_groups(*, queue: Queue) -> DeadLetterGroups:
+    """Grouped counts over the queue's waiting messages (message_waiting_idx)."""
+    waiting = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED)
+
+    def grouped(key: str) -> list[tuple[str, int]]:
+        rows = (
+            waiting.annotate(group=KeyTextTransform(key, "dead_letter"))
+            .values("group")
+            .annotate(count=Count("id"))
+            .order_by("-count", "group")
+        )
+        return [(row["group"] or "(no header)", row["count"]) for row in rows]
+
+    return DeadLetterGroups(
+        by_reason=grouped("reason"), by_original_queue=grouped("original_queue")
+    )

@@ -3,7 +3,7 @@ from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import browse, views
+from console import browse, dead_letters, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -24,6 +24,34 @@ urlpatterns = [
     path("messages/<int:message_id>/purge/", browse.message_purge_view, name="message-purge"),
     path("blacklist/", browse.blacklist, name="blacklist"),
     path("audit/", browse.audit_log, name="audit"),
+    path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
+    path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),
+    path(
+        "dead-letters/<path:name>/rules/rollback/",
+        dead_letters.rules_rollback,
+        name="rules-rollback",
+    ),
+    path(
+        "dead-letters/<path:name>/rules/<int:version>/",
+        dead_letters.rules_version,
+        name="rules-version",
+    ),
+    path(
+        "dead-letters/<path:name>/rules/<int:version>/activate/",
+        dead_letters.rules_activate,
+        name="rules-activate",
+    ),
+    path(
+        "dead-letters/<path:name>/apply/",
+        dead_letters.dead_letter_apply_rules,
+        name="dead-letter-apply",
+    ),
+    path(
+        "dead-letters/<path:name>/messages/<int:message_id>/<str:verb>/",
+        dead_letters.dead_letter_act,
+        name="dead-letter-act",
+    ),
+    path("dead-letters/<path:name>/", dead_letters.dead_letter_queue, name="dead-letter-queue"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("console.api.urls")),

@@ -13,8 +13,10 @@ nothing and raises ``IllegalTransition``.
     NDLV -> TBDL            operator release
     NDLV -> FAIL            operator fail (terminal)
     NDLV -> (deleted)       operator purge
-    TBDL in a DLQ -> TBDL   forward to another queue (an internal move: never
-                            refused by the target's max-messages limit)
+    TBDL in a DLQ -> TBDL   forward to another queue, or retry on the original
+                            one (internal moves: never refused by the
+                            target's max-messages limit)
+    TBDL in a DLQ -> (deleted)  discard
 
 Set-based versions for whole batches (claim, ack, retry, crash) live in
 broker.services.delivery and broker.services.sweeper; they follow the same
@@ -32,6 +34,7 @@ from django.utils import timezone
 from broker.errors import IllegalTransition, MessageNotFound, QueueNotFound
 from broker.models import Message, MessageState, Queue, QueueKind
 from broker.services.audit import Actor, audit_record
+from broker.signals import messages_available
 
 S = MessageState
 
@@ -199,17 +202,23 @@ def message_forward(
     actor: Actor = None,
     reason: str = "",
 ) -> Message:
-    """TBDL on a dead-letter queue -> TBDL on ``queue_name``. An internal
-    move: it may take the target past its max-messages limit, never drops
-    the message. ``keep_header=False`` drops the dead-letter header."""
+    """TBDL on a dead-letter queue -> TBDL on ``queue_name``, with fresh
+    delivery counters. An internal move: it may take the target past its
+    max-messages limit, never drops the message. ``keep_header=False`` drops
+    the dead-letter header."""
     target = Queue.objects.filter(name=queue_name).first()
     if target is None:
         raise QueueNotFound(f"There is no queue named {queue_name!r}.")
-    message = Message.objects.select_related("queue").filter(id=message_id).first()
-    if message is None:
-        raise MessageNotFound(f"There is no message {message_id}.")
+    message = _dead_lettered(message_id)
     source = message.queue.name
-    changes: dict[str, Any] = {"queue": target, "available_at": Now(), "updated_at": Now()}
+    changes: dict[str, Any] = {
+        "queue": target,
+        "available_at": Now(),
+        "updated_at": Now(),
+        "attempts": 0,
+        "crash_count": 0,
+        "suspect": False,
+    }
     if not keep_header:
         changes["dead_letter"] = None
     moved = Message.objects.filter(
@@ -228,4 +237,47 @@ def message_forward(
         reason=reason,
         details={"from": source, "keep_header": keep_header},
     )
+    if target.kind == QueueKind.STANDARD:
+        messages_available.send(sender=Queue, queue=target, count=1)
     return Message.objects.select_related("queue").get(id=message_id)
+
+
+def _dead_lettered(message_id: int) -> Message:
+    message = Message.objects.select_related("queue").filter(id=message_id).first()
+    if message is None:
+        raise MessageNotFound(f"There is no message {message_id}.")
+    return message
+
+
+@transaction.atomic
+def message_retry(*, message_id: int, actor: Actor = None, reason: str = "") -> Message:
+    """A dead-lettered message back to the queue it was dead-lettered from
+    (its dead-letter header stays as history)."""
+    message = _dead_lettered(message_id)
+    original = (message.dead_letter or {}).get("original_queue")
+    if not original:
+        raise IllegalTransition(f"Message {message_id} has no dead-letter header to retry by.")
+    return message_forward(message_id=message_id, queue_name=original, actor=actor, reason=reason)
+
+
+@transaction.atomic
+def message_discard(*, message_id: int, actor: Actor = None, reason: str = "") -> None:
+    """Deletes a waiting message of a dead-letter queue; the audit event
+    keeps its id, queue, reason and dead-letter header."""
+    message = _dead_lettered(message_id)
+    deleted, _ = Message.objects.filter(
+        id=message_id, state=S.TO_BE_DELIVERED, queue__kind=QueueKind.DEAD_LETTER
+    ).delete()
+    if not deleted:
+        raise IllegalTransition(
+            f"Message {message_id} is {message.state} on {message.queue.name}; only waiting "
+            "messages on a dead-letter queue are discarded."
+        )
+    audit_record(
+        action="message_discard",
+        actor=actor,
+        queue_name=message.queue.name,
+        message_id=message_id,
+        reason=reason,
+        details={"dead_letter": message.dead_letter},
+    )

@@ -1,0 +1,172 @@
+"""Console pages of dead-letter queues and their rules tables."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from broker.models import AuditEvent, Message, Queue, RuleTable
+from broker.services.queues import queue_create
+from broker.services.rule_tables import rule_table_activate, rule_table_create
+
+pytestmark = pytest.mark.django_db
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+BASE = f"/dead-letters/{DLQ}/"
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def dead(orders, publish) -> list[int]:
+    """Three messages dead-lettered from ORDERS.IN, two of them format errors."""
+    ids = publish(orders, 3)
+    dlq = Queue.objects.get(name=DLQ)
+    for message_id, reason in zip(
+        ids, ["format_error", "format_error", "handler_error"], strict=True
+    ):
+        Message.objects.filter(id=message_id).update(
+            queue=dlq,
+            dead_letter={"reason": reason, "original_queue": "ORDERS.IN", "error": "boom"},
+        )
+    return ids
+
+
+def test_the_queue_page_counts_by_reason_and_original_queue(viewer, dead):
+    html = logged_in(viewer).get(BASE).content.decode()
+
+    assert 'data-reason="format_error">2<' in html
+    assert 'data-reason="handler_error">1<' in html
+    assert 'data-original="ORDERS.IN">3<' in html
+    assert "Retry" not in html  # viewers get no buttons
+
+
+def test_an_operator_retries_forwards_and_discards_inline(operator, dead):
+    queue_create(name="PARKED.Q")
+    client = logged_in(operator)
+    hx = {"HX-Request": "true"}
+
+    retried = client.post(f"{BASE}messages/{dead[0]}/retry/", headers=hx).content.decode()
+    forwarded = client.post(f"{BASE}messages/{dead[1]}/forward/", {"queue": "PARKED.Q"}, headers=hx)
+    discarded = client.post(f"{BASE}messages/{dead[2]}/discard/", headers=hx)
+
+    assert "back on its original queue" in retried
+    assert "forwarded to PARKED.Q" in forwarded.content.decode()
+    assert "discarded" in discarded.content.decode()
+    assert Message.objects.get(id=dead[0]).queue.name == "ORDERS.IN"
+    assert Message.objects.get(id=dead[1]).queue.name == "PARKED.Q"
+    assert not Message.objects.filter(id=dead[2]).exists()
+    assert (
+        AuditEvent.objects.get(action="message_discard").details["dead_letter"]["reason"]
+        == "handler_error"
+    )
+
+
+def test_forwarding_to_an_unknown_queue_says_so_and_changes_nothing(operator, dead):
+    html = (
+        logged_in(operator)
+        .post(
+            f"{BASE}messages/{dead[0]}/forward/",
+            {"queue": "NO.SUCH"},
+            headers={"HX-Request": "true"},
+        )
+        .content.decode()
+    )
+
+    assert "There is no queue named" in html
+    assert Message.objects.get(id=dead[0]).queue.name == DLQ
+
+
+def test_apply_rules_now_runs_the_active_table(operator, dead):
+    table = rule_table_create(
+        queue=Queue.objects.get(name=DLQ), text="REASON(MQRC_FORMAT_ERROR) ACTION(DISCARD)\n"
+    )
+    rule_table_activate(table=table)
+
+    response = logged_in(operator).post(f"{BASE}apply/", follow=True)
+
+    assert "discarded 2" in response.content.decode()
+    assert list(Message.objects.filter(queue__name=DLQ).values_list("id", flat=True)) == [dead[2]]
+
+
+def test_the_editor_shows_each_error_at_its_line(admin, dead):
+    response = logged_in(admin).post(
+        f"{BASE}rules/",
+        {"text": "* ok\nACTION(FLY)\nACTION(DISCARD) HEADER(NO)\n", "intent": "check"},
+        headers={"HX-Request": "true"},
+    )
+
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="rules-result">')
+    assert re.search(r'data-line="2">line 2, column \d+: invalid ACTION', html)
+    assert re.search(r'data-line="3">line 3, column \d+: HEADER is only allowed', html)
+    assert not RuleTable.objects.exists()
+
+
+def test_a_dry_run_in_the_editor_counts_hits_and_changes_nothing(admin, dead):
+    html = (
+        logged_in(admin)
+        .post(
+            f"{BASE}rules/",
+            {
+                "text": "REASON(MQRC_FORMAT_ERROR) ACTION(DISCARD)\nACTION(IGNORE)\n",
+                "intent": "dry-run",
+            },
+        )
+        .content.decode()
+    )
+
+    assert re.search(r'<tr data-rule="1">.*?data-hits>2<', html, re.S)
+    assert re.search(r'<tr data-rule="2">.*?data-hits>1<', html, re.S)
+    assert Message.objects.filter(queue__name=DLQ).count() == 3
+    assert not RuleTable.objects.exists()
+
+
+def test_an_admin_activates_from_the_editor_and_rolls_back(admin, dead):
+    client = logged_in(admin)
+    client.post(f"{BASE}rules/", {"text": "ACTION(IGNORE)\n", "intent": "activate"})
+    client.post(f"{BASE}rules/", {"text": "ACTION(DISCARD)\n", "intent": "activate"})
+
+    history = client.get(f"{BASE}rules/").content.decode()
+    client.post(f"{BASE}rules/rollback/")
+
+    assert 'data-version="2"' in history
+    assert RuleTable.objects.get(status="active").version == 1
+    diff = client.get(f"{BASE}rules/2/").content.decode()
+    assert "-ACTION(IGNORE)" in diff
+    assert "+ACTION(DISCARD)" in diff
+
+
+def test_a_table_with_errors_is_neither_saved_nor_activated(admin, dead):
+    html = (
+        logged_in(admin)
+        .post(f"{BASE}rules/", {"text": "ACTION(FWD)\n", "intent": "activate"})
+        .content.decode()
+    )
+
+    assert "cannot be activated" in html
+    assert not RuleTable.objects.exists()
+
+
+def test_viewers_check_but_do_not_save(viewer, dead):
+    client = logged_in(viewer)
+
+    assert (
+        client.post(f"{BASE}rules/", {"text": "ACTION(IGNORE)\n", "intent": "check"}).status_code
+        == 200
+    )
+    assert (
+        client.post(f"{BASE}rules/", {"text": "ACTION(IGNORE)\n", "intent": "save"}).status_code
+        == 403
+    )
+    assert client.post(f"{BASE}messages/{dead[0]}/discard/").status_code == 403
+    assert not RuleTable.objects.exists()
+
+
+def test_a_standard_queue_has_no_dead_letter_pages(viewer, orders):
+    assert logged_in(viewer).get("/dead-letters/ORDERS.IN/").status_code == 404
