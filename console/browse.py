@@ -11,7 +11,7 @@ from django.contrib import messages as flash
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.errors import BrokerError, MessageNotFound
 from broker.models import QUEUE_NAME_MAX_LENGTH, AuditEvent, Message, MessageState
@@ -23,8 +23,10 @@ from broker.selectors import (
     message_timeline,
     messages_page,
 )
+from broker.services.publish import message_resubmit
 from broker.services.quarantine import dump_path_for
 from broker.services.transitions import message_fail, message_purge, message_release
+from console.forms import ResubmitForm, add_service_errors
 from console.payloads import payload_view
 from console.roles import Role
 from console.views import HtmxHttpRequest, role_required
@@ -201,3 +203,48 @@ def audit_log(request: HtmxHttpRequest) -> HttpResponse:
     }
     template = "console/audit.html"
     return render(request, f"{template}#audit-table" if request.htmx else template, context)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    """Correct a blacklisted or dead-lettered message and publish the result
+    as a new message; the original stays."""
+    original = _message_or_404(message_id)
+    try:
+        text = bytes(original.payload).decode()
+    except UnicodeDecodeError:
+        text = None
+    target = (original.dead_letter or {}).get("original_queue") or original.queue.name
+    form = ResubmitForm(
+        request.POST or None,
+        initial={
+            "queue": target,
+            "content_type": original.content_type,
+            "priority": original.priority,
+            "headers": original.headers,
+            "payload": text,
+        },
+    )
+    if request.method == "POST" and text is not None and form.is_valid():
+        data = form.cleaned_data
+        try:
+            copy_id = message_resubmit(
+                message_id=original.id,
+                queue_name=data["queue"],
+                payload=data["payload"].encode(),
+                content_type=data["content_type"],
+                headers=data["headers"],
+                priority=data["priority"],
+                actor=request.user,
+            )
+        except BrokerError as error:
+            add_service_errors(form, error)
+        else:
+            flash.success(request, f"Published the corrected copy as message {copy_id}.")
+            return redirect("message", message_id=copy_id)
+    return render(
+        request,
+        "console/resubmit.html",
+        {"original": original, "form": form, "binary": text is None},
+    )

@@ -7,12 +7,12 @@ from __future__ import annotations
 from django import forms
 
 from broker.errors import BrokerError
-from broker.models import QUEUE_NAME_MAX_LENGTH, Overflow, Topic
+from broker.models import QUEUE_NAME_MAX_LENGTH, Overflow, Queue, QueueKind, Topic
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
 
 
-def add_service_errors(form: forms.Form, error: BrokerError) -> None:
+def add_service_errors(form: forms.BaseForm, error: BrokerError) -> None:
     """Show a service's error beside the fields it names (or above the form)."""
     if not error.field_errors:
         form.add_error(None, error.detail)
@@ -58,3 +58,59 @@ class SubscriptionForm(SubscriptionEditForm):
         max_length=QUEUE_NAME_MAX_LENGTH, help_text="Its own queue; created if it does not exist."
     )
     field_order = ["name", "topic", "topic_filter", "queue", *SubscriptionEditForm.field_order[1:]]
+
+
+class QueueSettingsForm(forms.ModelForm):
+    dead_letter_queue = forms.ModelChoiceField(
+        queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER).order_by("name"),
+        to_field_name="name",
+        required=False,
+    )
+
+    class Meta:
+        model = Queue
+        fields = [
+            "description",
+            "consumer",
+            "batch_size",
+            "lease_seconds",
+            "retry_limit",
+            "retry_backoff_seconds",
+            "crash_threshold",
+            "poison_limit",
+            "suspect_delay_seconds",
+            "max_payload_bytes",
+            "dead_letter_queue",
+        ]
+        help_texts = {
+            "consumer": "A handler name (noop, log, json, demo) or an http(s) webhook URL.",
+            "crash_threshold": "Crashes before a message is blacklisted.",
+            "poison_limit": "Unacknowledged deliveries before a message is blacklisted.",
+            "suspect_delay_seconds": "Pause between isolated deliveries of crash suspects (0-5).",
+        }
+
+
+class PurgeForm(forms.Form):
+    confirmation = forms.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, help_text="Type the queue's name to confirm."
+    )
+
+
+class ResubmitForm(forms.Form):
+    queue = forms.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    content_type = forms.CharField(max_length=100)
+    priority = forms.IntegerField(min_value=0, max_value=9)
+    headers = forms.JSONField(
+        required=False, help_text='A JSON object of strings, e.g. {"region": "eu"}'
+    )
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 12, "class": "code"}), strip=False, required=False
+    )
+
+    def clean_headers(self) -> dict[str, str]:
+        headers = self.cleaned_data["headers"] or {}
+        if not isinstance(headers, dict) or not all(
+            isinstance(value, str) for value in headers.values()
+        ):
+            raise forms.ValidationError("Headers must be a JSON object of string values.")
+        return headers

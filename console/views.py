@@ -18,14 +18,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.middleware import HtmxDetails
 
 from broker.errors import BrokerError, QueueNotFound, SubscriptionNotFound
-from broker.models import MessageState, Topic
+from broker.models import MessageState, Queue, Topic
 from broker.selectors import (
     QueueSummary,
     queue_depths,
     queue_summaries,
     subscription_summaries,
 )
-from broker.services.queues import queue_get, queue_update
+from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
 from broker.services.topics import (
     subscription_create,
     subscription_delete,
@@ -35,7 +35,9 @@ from broker.services.topics import (
 )
 from console.api.errors import not_found_json
 from console.forms import (
+    PurgeForm,
     QueueLimitsForm,
+    QueueSettingsForm,
     SubscriptionEditForm,
     SubscriptionForm,
     TopicForm,
@@ -124,7 +126,9 @@ def _settings_form(form_class: type[F], request: HttpRequest, instance: object) 
     return form_class(request.POST or None, initial=initial)
 
 
-def _saved(request: HttpRequest, form: forms.Form, save: Callable[..., object], done: str) -> bool:
+def _saved(
+    request: HttpRequest, form: forms.BaseForm, save: Callable[..., object], done: str
+) -> bool:
     """For an admin's POST: save the form's data through the service ``save``
     and say ``done`` (formatted with the data); service errors go beside the
     fields. Anyone else's POST is refused."""
@@ -209,3 +213,68 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     if request.path.startswith("/api/"):
         return not_found_json(request, exception)
     return render(request, "404.html", status=404)
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def queue_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    queue = _found(queue_get, name=name)
+    return _queue_page(request, queue)
+
+
+def _queue_page(
+    request: HtmxHttpRequest,
+    queue: Queue,
+    settings_form: QueueSettingsForm | None = None,
+    purge_form: PurgeForm | None = None,
+) -> HttpResponse:
+    summary = QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
+    context = {
+        "summary": summary,
+        "queue": queue,
+        "states": MessageState.values,
+        "settings_form": settings_form
+        or QueueSettingsForm(instance=Queue.objects.get(pk=queue.pk)),
+        "purge_form": purge_form or PurgeForm(),
+    }
+    return _page(request, "console/queue.html", "queue-panel", context)
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def queue_settings(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    queue = _found(queue_get, name=name)
+    # The form works on its own copy so the service still sees what changed.
+    form = QueueSettingsForm(request.POST, instance=Queue.objects.get(pk=queue.pk))
+    save = partial(queue_update, queue=queue, actor=request.user)
+    if _saved(request, form, save, f"Settings of {name} saved.") and not request.htmx:
+        return redirect("queue", name=name)
+    return _queue_page(request, queue, settings_form=form if form.errors else None)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def queue_pause_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    queue = _found(queue_get, name=name)
+    paused = request.POST.get("paused") == "1"
+    queue_pause(queue=queue, paused=paused, actor=request.user)
+    messages.success(request, f"{name} {'paused' if paused else 'resumed'}.")
+    return redirect("queue", name=name) if not request.htmx else _queue_page(request, queue)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def queue_purge_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    queue = _found(queue_get, name=name)
+    form = PurgeForm(request.POST)
+    if form.is_valid():
+        try:
+            deleted = queue_purge(
+                queue=queue, confirmation=form.cleaned_data["confirmation"], actor=request.user
+            )
+        except BrokerError as error:
+            add_service_errors(form, error)
+        else:
+            messages.success(request, f"Purged {deleted} waiting message(s) from {name}.")
+            return redirect("queue", name=name) if not request.htmx else _queue_page(request, queue)
+    return _queue_page(request, queue, purge_form=form)

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
-from broker.models import MessageState, Queue, QueueDepth, QueueKind
+from broker.models import Message, MessageState, Queue, QueueDepth, QueueKind
 from broker.services.audit import Actor, audit_record
 
 # Settings an operator may change after creation. The name is fixed: other
@@ -160,3 +160,31 @@ def queue_delete(*, queue: Queue, actor: Actor = None) -> None:
     name = queue.name
     queue.delete()
     audit_record(action="queue_delete", actor=actor, queue_name=name)
+
+
+@transaction.atomic
+def queue_pause(*, queue: Queue, paused: bool, actor: Actor = None) -> Queue:
+    """Stop (or restart) delivery from a queue; publishing goes on."""
+    Queue.objects.filter(id=queue.id).update(paused=paused)
+    queue.paused = paused
+    audit_record(
+        action="queue_pause" if paused else "queue_resume", actor=actor, queue_name=queue.name
+    )
+    return queue
+
+
+@transaction.atomic
+def queue_purge(*, queue: Queue, confirmation: str, actor: Actor = None) -> int:
+    """Delete every waiting (TBDL) message of a queue; in-flight deliveries
+    finish. ``confirmation`` must repeat the queue's name. Returns how many
+    were deleted; one audit event records the count."""
+    if confirmation != queue.name:
+        raise InvalidInput(
+            "Type the queue's name to confirm.",
+            field_errors={"confirmation": [f"Type {queue.name} exactly to purge it."]},
+        )
+    deleted, _ = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED).delete()
+    audit_record(
+        action="queue_purge", actor=actor, queue_name=queue.name, details={"deleted": deleted}
+    )
+    return deleted
