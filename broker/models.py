@@ -439,3 +439,41 @@ class DeadLetterAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"message {self.message_id} rule {self.rule_number}: {self.attempts}"
+
+
+class BulkJobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class BulkJob(models.Model):
+    """An operator action on many blacklisted messages at once, run in the
+    background in chunks (broker.services.bulk) so its progress can be shown."""
+
+    action = models.CharField(max_length=16)
+    # The message browser's filters (state NDLV implied), or {"ids": [...]}.
+    filters = models.JSONField(default=dict)
+    reason = models.TextField(blank=True)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    status = models.CharField(
+        max_length=8, choices=BulkJobStatus.choices, default=BulkJobStatus.QUEUED
+    )
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} job {self.id} ({self.status})"
+
+    @property
+    def percent(self) -> int:
+        return 100 if not self.total else min(100, round(100 * self.done / self.total))

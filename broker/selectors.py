@@ -157,7 +157,8 @@ class MessagePage:
 COUNT_CAP = 1000
 
 
-def _filtered(filters: MessageFilter) -> QuerySet[Message]:
+def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
+    """The messages ``filters`` select, unordered."""
     rows = Message.objects.all()
     if filters.queue:
         rows = rows.filter(queue__name=filters.queue)
@@ -190,7 +191,7 @@ def messages_page(
     """Newest first, by keyset on the id (index message_queue_id_idx or the
     primary key): a page costs the same however deep the reader goes. The
     count stops at COUNT_CAP, so a page never counts the whole table."""
-    rows = _filtered(filters)
+    rows = filtered_messages(filters)
     page_rows = rows.filter(id__lt=before) if before else rows
     found = list(page_rows.select_related("queue").defer("payload").order_by("-id")[: size + 1])
     capped = rows.order_by()[: COUNT_CAP + 1].count()

@@ -7,3 +7,6 @@ from django.dispatch import Signal
 # ``queue`` (a Queue): a publish, or a move back from a dead-letter queue.
 # Receivers that act on the outside world must wait for the commit.
 messages_available = Signal()
+
+# Sent inside the transaction that queued a bulk triage ``job`` (a BulkJob).
+bulk_job_submitted = Signal()

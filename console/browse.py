@@ -14,7 +14,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.errors import BrokerError, MessageNotFound
-from broker.models import QUEUE_NAME_MAX_LENGTH, AuditEvent, Message, MessageState
+from broker.models import QUEUE_NAME_MAX_LENGTH, AuditEvent, BulkJob, Message, MessageState
 from broker.selectors import (
     AuditFilter,
     MessageFilter,
@@ -23,9 +23,15 @@ from broker.selectors import (
     message_timeline,
     messages_page,
 )
+from broker.services.bulk import bulk_job_submit, bulk_preview
 from broker.services.publish import message_resubmit
 from broker.services.quarantine import dump_path_for
-from broker.services.transitions import message_fail, message_purge, message_release
+from broker.services.transitions import (
+    TRIAGE_ACTIONS,
+    message_fail,
+    message_purge,
+    message_release,
+)
 from console.forms import ResubmitForm, add_service_errors
 from console.payloads import payload_view
 from console.roles import Role
@@ -248,3 +254,67 @@ def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResp
         "console/resubmit.html",
         {"original": original, "form": form, "binary": text is None},
     )
+
+
+class MessageIdsField(forms.Field):
+    """Selected message ids (any; the service keeps only blacklisted ones)."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[int]:
+        values = value or []
+        if not all(str(item).isdigit() for item in values):
+            raise forms.ValidationError("Message ids are whole numbers.")
+        return [int(item) for item in values]
+
+
+class BulkForm(forms.Form):
+    action = forms.ChoiceField(choices=[(a, a.capitalize()) for a in TRIAGE_ACTIONS])
+    note = forms.CharField(max_length=500, required=False, label="Reason")
+    scope = forms.ChoiceField(choices=[("selected", "selected"), ("filter", "filter")])
+    ids = MessageIdsField(required=False)
+    confirmed = forms.BooleanField(required=False)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
+    """Act on the selected rows, or (after a preview and a confirmation) on
+    every blacklisted message the filter matches, as a background job."""
+    form = BulkForm(request.POST)
+    filters = MessageFilterForm(request.POST)
+    if not form.is_valid() or not filters.is_valid():
+        flash.error(request, "Choose an action and what to apply it to.")
+        return redirect("blacklist")
+    data = form.cleaned_data
+    if data["scope"] == "filter":
+        chosen = MessageFilter(
+            **{k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
+        )
+        if not data["confirmed"]:
+            return render(
+                request,
+                "console/bulk_confirm.html",
+                {"form": form, "count": bulk_preview(filters=chosen), "filters": request.POST},
+            )
+        selection: dict[str, Any] = {"filters": chosen}
+    else:
+        selection = {"message_ids": data["ids"]}
+    try:
+        job = bulk_job_submit(
+            action=data["action"], actor=request.user, reason=data["note"], **selection
+        )
+    except BrokerError as error:
+        flash.error(request, error.detail)
+        return redirect("blacklist")
+    return redirect("bulk-job", job_id=job.id)
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def bulk_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    job = BulkJob.objects.filter(id=job_id).first()
+    if job is None:
+        raise Http404(f"There is no job {job_id}.")
+    template = "console/bulk_job.html"
+    return render(request, f"{template}#job-progress" if request.htmx else template, {"job": job})

@@ -32,6 +32,8 @@ urlpatterns = [
         name="message-resubmit",
     ),
     path("blacklist/", browse.blacklist, name="blacklist"),
+    path("blacklist/bulk/", browse.blacklist_bulk, name="blacklist-bulk"),
+    path("jobs/<int:job_id>/", browse.bulk_job_page, name="bulk-job"),
     path("audit/", browse.audit_log, name="audit"),
     path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
     path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),

@@ -16,12 +16,13 @@ from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
 
-from broker.models import Queue, QueueKind, RuleTableStatus
+from broker.models import BulkJob, Queue, QueueKind, RuleTableStatus
 from broker.selectors import queues_with_due_messages
+from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
 from broker.services.sweeper import messages_sweep
-from broker.signals import messages_available
+from broker.signals import bulk_job_submitted, messages_available
 from workers.celery import app
 
 logger = logging.getLogger(__name__)
@@ -117,3 +118,21 @@ def dead_letter_scan_all() -> None:
                 result.discarded,
                 result.failed,
             )
+
+
+@receiver(bulk_job_submitted)
+def run_after_submit(sender: Any, job: BulkJob, **kwargs: Any) -> None:
+    transaction.on_commit(lambda: _send_bulk_job(job.id), robust=True)
+
+
+def _send_bulk_job(job_id: int) -> None:
+    try:
+        bulk_job.apply_async((job_id,), retry=False)
+    except Exception as error:  # Redis down: the job stays queued; the console says so
+        logger.warning("could not start bulk job %s: %s", job_id, error)
+
+
+@app.task(name="lazaretto.bulk_job", acks_late=True, ignore_result=True)
+def bulk_job(job_id: int) -> None:
+    """Run a bulk triage job (idempotent: a rerun takes up what is left)."""
+    bulk_job_run(job_id=job_id)

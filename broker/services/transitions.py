@@ -25,15 +25,17 @@ table.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from django.db import transaction
+from django.contrib.auth.models import User
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from broker.errors import IllegalTransition, MessageNotFound, QueueNotFound
-from broker.models import Message, MessageState, Queue, QueueKind
-from broker.services.audit import Actor, audit_record
+from broker.models import AuditEvent, Message, MessageState, Queue, QueueKind
+from broker.services.audit import SYSTEM_ACTOR, Actor, audit_record
 from broker.signals import messages_available
 
 S = MessageState
@@ -88,45 +90,87 @@ def message_ack(*, message_id: int) -> Message:
     )
 
 
+# Operator actions on blacklisted messages, set-based so that a bulk job and a
+# single click share one statement each: the WHERE state = 'NDLV' is the
+# transition's guard, RETURNING tells which messages it applied to.
+_RELEASE_SQL = """
+UPDATE broker_message AS m
+SET state = 'TBDL', attempts = 0, crash_count = 0, suspect = false, available_at = now(),
+    lease_owner = '', lease_deadline = NULL, updated_at = now()
+FROM broker_queue AS q
+WHERE m.id = ANY(%s) AND m.state = 'NDLV' AND q.id = m.queue_id
+RETURNING m.id, q.name, m.dump_path
+"""
+_FAIL_SQL = """
+UPDATE broker_message AS m SET state = 'FAIL', updated_at = now()
+FROM broker_queue AS q
+WHERE m.id = ANY(%s) AND m.state = 'NDLV' AND q.id = m.queue_id
+RETURNING m.id, q.name, m.dump_path
+"""
+_PURGE_SQL = """
+DELETE FROM broker_message AS m USING broker_queue AS q
+WHERE m.id = ANY(%s) AND m.state = 'NDLV' AND q.id = m.queue_id
+RETURNING m.id, q.name, m.dump_path
+"""
+_TRIAGE = {"release": _RELEASE_SQL, "fail": _FAIL_SQL, "purge": _PURGE_SQL}
+TRIAGE_ACTIONS = tuple(_TRIAGE)
+
+
+@transaction.atomic
+def messages_triage(
+    *, action: str, message_ids: list[int], actor: Actor, reason: str = ""
+) -> list[int]:
+    """Release (NDLV -> TBDL, counters reset, suspicion cleared), fail
+    (NDLV -> FAIL, terminal) or purge (NDLV -> deleted) the blacklisted
+    messages among ``message_ids``; the others are left alone. One audit
+    event per message (a purge's keeps its queue and dump file). Returns the
+    ids acted on."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TRIAGE[action], [message_ids])
+        rows = cursor.fetchall()
+    user = actor if isinstance(actor, User) else None
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            actor=user,
+            actor_name=user.get_username() if user else SYSTEM_ACTOR,
+            action=f"message_{action}",
+            queue_name=queue_name,
+            message_id=message_id,
+            reason=reason,
+            details={"dump_path": dump_path} if action == "purge" else {},
+        )
+        for message_id, queue_name, dump_path in rows
+    )
+    released = Counter(queue_name for _, queue_name, _ in rows) if action == "release" else {}
+    for queue in Queue.objects.filter(name__in=released):
+        messages_available.send(sender=Queue, queue=queue, count=released[queue.name])
+    return [message_id for message_id, _, _ in rows]
+
+
+def _triage_one(action: str, message_id: int, actor: Actor, reason: str) -> None:
+    if messages_triage(action=action, message_ids=[message_id], actor=actor, reason=reason):
+        return
+    current = Message.objects.filter(id=message_id).values_list("state", flat=True).first()
+    if current is None:
+        raise MessageNotFound(f"There is no message {message_id}.")
+    raise IllegalTransition(
+        f"Message {message_id} is {current}; only blacklisted (NDLV) messages are "
+        f"{'released' if action == 'release' else action + 'ed'}."
+    )
+
+
 @transaction.atomic
 def message_release(*, message_id: int, actor: Actor, reason: str = "") -> Message:
-    """NDLV -> TBDL: an operator lets a blacklisted message be delivered
-    again, with its attempt and crash counters reset and suspicion cleared."""
-    message = message_transition(
-        message_id=message_id,
-        to_state=S.TO_BE_DELIVERED,
-        from_states=frozenset({S.NOT_DELIVERABLE}),
-        changes={
-            "attempts": 0,
-            "crash_count": 0,
-            "suspect": False,
-            "available_at": Now(),
-            "lease_owner": "",
-            "lease_deadline": None,
-        },
-    )
-    audit_record(
-        action="message_release",
-        actor=actor,
-        queue_name=message.queue.name,
-        message_id=message.id,
-        reason=reason,
-    )
-    return message
+    """NDLV -> TBDL for one message (see ``messages_triage``)."""
+    _triage_one("release", message_id, actor, reason)
+    return Message.objects.select_related("queue").get(id=message_id)
 
 
 @transaction.atomic
 def message_fail(*, message_id: int, actor: Actor, reason: str = "") -> Message:
-    """NDLV -> FAIL: an operator gives up on a blacklisted message for good."""
-    message = message_transition(message_id=message_id, to_state=S.FAILED)
-    audit_record(
-        action="message_fail",
-        actor=actor,
-        queue_name=message.queue.name,
-        message_id=message.id,
-        reason=reason,
-    )
-    return message
+    """NDLV -> FAIL for one message (see ``messages_triage``)."""
+    _triage_one("fail", message_id, actor, reason)
+    return Message.objects.select_related("queue").get(id=message_id)
 
 
 @transaction.atomic
@@ -167,30 +211,8 @@ def message_dead_letter(
 
 @transaction.atomic
 def message_purge(*, message_id: int, actor: Actor, reason: str = "") -> None:
-    """NDLV -> deleted: an operator removes a blacklisted message. The audit
-    event keeps its id, queue, reason and dump file."""
-    message = (
-        Message.objects.select_for_update()
-        .select_related("queue")
-        .filter(id=message_id)
-        .only("id", "state", "dump_path", "queue__name")
-        .first()
-    )
-    if message is None:
-        raise MessageNotFound(f"There is no message {message_id}.")
-    if message.state != S.NOT_DELIVERABLE:
-        raise IllegalTransition(
-            f"Message {message_id} is {message.state}; only blacklisted (NDLV) messages are purged."
-        )
-    message.delete()
-    audit_record(
-        action="message_purge",
-        actor=actor,
-        queue_name=message.queue.name,
-        message_id=message_id,
-        reason=reason,
-        details={"dump_path": message.dump_path},
-    )
+    """NDLV -> deleted for one message (see ``messages_triage``)."""
+    _triage_one("purge", message_id, actor, reason)
 
 
 @transaction.atomic

@@ -1,0 +1,147 @@
+"""Bulk triage of the blacklist: preview, confirmation, a background job
+with progress."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from broker.models import AuditEvent, BulkJob, Message
+from broker.selectors import MessageFilter
+from broker.services.bulk import bulk_job_run, bulk_job_submit, bulk_preview
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.quarantine import messages_quarantine
+from broker.services.queues import queue_create
+from tests.harness import wait_until
+
+pytestmark = pytest.mark.django_db
+
+
+def blacklisted(queue_name: str, count: int) -> list[int]:
+    ids: list[int] = []
+    for start in range(0, count, 1000):
+        ids += messages_publish(
+            queue_name=queue_name, messages=[NewMessage(payload=b"x")] * min(1000, count - start)
+        )
+    messages_quarantine(reasons=dict.fromkeys(ids, "crashed twice"))
+    return ids
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_job_fails_every_blacklisted_message_the_filter_matches(orders, operator):
+    queue_create(name="OTHER.Q")
+    ids = blacklisted("ORDERS.IN", 500)
+    others = blacklisted("OTHER.Q", 7)
+
+    assert bulk_preview(filters=MessageFilter(queue="ORDERS.IN")) == 500
+    job = bulk_job_submit(
+        action="fail", actor=operator, filters=MessageFilter(queue="ORDERS.IN"), reason="bad batch"
+    )
+    job = bulk_job_run(job_id=job.id)
+
+    assert (job.status, job.done, job.total, job.percent) == ("done", 500, 500, 100)
+    assert Message.objects.filter(id__in=ids, state="FAIL").count() == 500
+    assert Message.objects.filter(id__in=others, state="NDLV").count() == 7
+    assert AuditEvent.objects.filter(action="message_fail", reason="bad batch").count() == 500
+
+
+def test_a_selection_acts_only_on_its_blacklisted_messages(orders, operator, publish):
+    [waiting] = publish(orders)
+    chosen = blacklisted("ORDERS.IN", 3)
+
+    job = bulk_job_submit(action="purge", actor=operator, message_ids=[*chosen[:2], waiting])
+    bulk_job_run(job_id=job.id)
+
+    assert not Message.objects.filter(id__in=chosen[:2]).exists()
+    assert Message.objects.filter(id__in=[chosen[2], waiting]).count() == 2
+    assert AuditEvent.objects.filter(action="message_purge").count() == 2
+
+
+def test_a_rerun_takes_up_only_what_is_left(orders, operator):
+    blacklisted("ORDERS.IN", 10)
+    job = bulk_job_submit(action="release", actor=operator, filters=MessageFilter())
+    bulk_job_run(job_id=job.id)
+    BulkJob.objects.filter(id=job.id).update(status="running")
+
+    assert bulk_job_run(job_id=job.id).done == 10
+    assert AuditEvent.objects.filter(action="message_release").count() == 10
+
+
+def test_the_console_previews_confirms_and_shows_progress(orders, operator):
+    blacklisted("ORDERS.IN", 25)
+    client = logged_in(operator)
+    form = {"action": "fail", "note": "n", "scope": "filter", "queue": "ORDERS.IN"}
+
+    preview = client.post("/blacklist/bulk/", form).content.decode()
+    submitted = client.post("/blacklist/bulk/", {**form, "confirmed": "on"})
+
+    assert 'data-confirm-count="25"' in preview
+    assert Message.objects.filter(state="NDLV").count() == 25  # nothing before the job runs
+    job = BulkJob.objects.get()
+    assert submitted["Location"] == f"/jobs/{job.id}/"
+    bulk_job_run(job_id=job.id)
+    page = client.get(f"/jobs/{job.id}/").content.decode()
+    assert re.search(r'<progress max="25" value="25"', page)
+    assert 'data-status="done"' in page
+
+
+def test_selected_rows_are_failed_from_the_blacklist_page(orders, operator):
+    ids = blacklisted("ORDERS.IN", 4)
+
+    logged_in(operator).post(
+        "/blacklist/bulk/", {"action": "fail", "scope": "selected", "ids": ids[:2]}
+    )
+    bulk_job_run(job_id=BulkJob.objects.get().id)
+
+    assert sorted(Message.objects.filter(state="FAIL").values_list("id", flat=True)) == ids[:2]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"action": "explode", "scope": "selected", "ids": ["1"]},
+        {"action": "fail", "scope": "selected", "ids": ["x"]},
+        {"action": "fail", "scope": "selected"},
+        {"action": "fail", "scope": "everything"},
+    ],
+)
+def test_bad_bulk_input_changes_nothing(orders, operator, form):
+    blacklisted("ORDERS.IN", 2)
+
+    response = logged_in(operator).post("/blacklist/bulk/", form, follow=True)
+
+    assert response.redirect_chain[-1][0] == "/blacklist/"
+    assert not BulkJob.objects.exists()
+    assert Message.objects.filter(state="NDLV").count() == 2
+
+
+def test_a_viewer_cannot_start_a_job(orders, viewer):
+    blacklisted("ORDERS.IN", 1)
+
+    assert (
+        logged_in(viewer)
+        .post("/blacklist/bulk/", {"action": "fail", "scope": "filter"})
+        .status_code
+        == 403
+    )
+
+
+@pytest.mark.slow
+def test_workers_run_a_submitted_job(start_workers, operator):
+    queue_create(name="ORDERS.IN")
+    blacklisted("ORDERS.IN", 1200)
+    start_workers(concurrency=1)
+
+    job = bulk_job_submit(action="fail", actor=operator, filters=MessageFilter(queue="ORDERS.IN"))
+
+    wait_until(
+        lambda: BulkJob.objects.filter(id=job.id, status="done").first(), timeout=60, what="the job"
+    )
+    assert Message.objects.filter(state="FAIL").count() == 1200
