@@ -477,3 +477,35 @@ class BulkJob(models.Model):
     @property
     def percent(self) -> int:
         return 100 if not self.total else min(100, round(100 * self.done / self.total))
+
+
+class QueueMinute(models.Model):
+    """Deliveries and failures of one queue in one minute, for the
+    dashboard's last-hour chart. Written once per settled batch."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField()
+    delivered = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "minute"], name="queue_minute_unique"),
+        ]
+        indexes = [
+            # The dashboard's chart: SELECT … WHERE minute >= now() - '1 hour'
+            models.Index(fields=["minute"], name="queue_minute_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.minute:%H:%M}: {self.delivered}/{self.failed}"
+
+
+class Heartbeat(models.Model):
+    """When a Celery queue last had a worker take a task from it."""
+
+    name = models.CharField(max_length=64, unique=True)
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.seen_at:%H:%M:%S}"

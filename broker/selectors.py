@@ -7,14 +7,24 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet, Value
+from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet, Sum, Value
 from django.db.models.fields.json import KeyTextTransform
+from django.utils import timezone
 
 from broker.errors import MessageNotFound
-from broker.models import AuditEvent, Message, MessageState, Queue, QueueDepth, Subscription
+from broker.models import (
+    AuditEvent,
+    Heartbeat,
+    Message,
+    MessageState,
+    Queue,
+    QueueDepth,
+    QueueMinute,
+    Subscription,
+)
 
 HIGH_WATER_FRACTION = 0.8
 
@@ -259,3 +269,38 @@ def dead_letter_groups(*, queue: Queue) -> DeadLetterGroups:
     return DeadLetterGroups(
         by_reason=grouped("reason"), by_original_queue=grouped("original_queue")
     )
+
+
+@dataclass(frozen=True)
+class MinuteCounts:
+    minute: datetime
+    delivered: int
+    failed: int
+
+
+def last_hour() -> list[MinuteCounts]:
+    """Deliveries and failures of every queue for each of the last 60
+    minutes, oldest first, minutes without any as zeros."""
+    now = timezone.now().replace(second=0, microsecond=0)
+    first = now - timedelta(minutes=59)
+    rows = {
+        row["minute"]: row
+        for row in QueueMinute.objects.filter(minute__gte=first)
+        .values("minute")
+        .annotate(delivered=Sum("delivered"), failed=Sum("failed"))
+    }
+    slots = [first + timedelta(minutes=n) for n in range(60)]
+    return [
+        MinuteCounts(
+            minute=slot,
+            delivered=rows.get(slot, {}).get("delivered") or 0,
+            failed=rows.get(slot, {}).get("failed") or 0,
+        )
+        for slot in slots
+    ]
+
+
+def heartbeats() -> dict[str, float]:
+    """Seconds since each Celery queue last had a worker take a task."""
+    now = timezone.now()
+    return {beat.name: (now - beat.seen_at).total_seconds() for beat in Heartbeat.objects.all()}

@@ -200,6 +200,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LAZARETTO_DISPATCH_INTERVAL_SECONDS,
         "options": {"expires": 5 * LAZARETTO_DISPATCH_INTERVAL_SECONDS},
     },
+    "heartbeat": {
+        "task": "lazaretto.heartbeat",
+        "schedule": 10.0,
+        "options": {"expires": 10.0},
+    },
     # Dead-letter queues with an active rules table; a scan only looks at
     # messages whose RETRYINT has passed.
     "dead-letter-scan": {

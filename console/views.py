@@ -21,6 +21,8 @@ from broker.errors import BrokerError, QueueNotFound, SubscriptionNotFound
 from broker.models import MessageState, Queue, Topic
 from broker.selectors import (
     QueueSummary,
+    heartbeats,
+    last_hour,
     queue_depths,
     queue_summaries,
     subscription_summaries,
@@ -34,6 +36,7 @@ from broker.services.topics import (
     topic_create,
 )
 from console.api.errors import not_found_json
+from console.charts import rate_chart
 from console.forms import (
     PurgeForm,
     QueueLimitsForm,
@@ -85,15 +88,29 @@ def _page(
     return render(request, f"{template}#{region}" if request.htmx else template, context)
 
 
+# A Celery queue whose last task is older than this is shown as not answering.
+HEALTHY_WITHIN = {"control": 10.0, "deliveries": 30.0}
+
+
 @require_GET
 @role_required(Role.VIEWER)
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    return _page(
-        request,
-        "console/dashboard.html",
-        "queue-table",
-        {"summaries": queue_summaries(), "states": MessageState.values},
-    )
+    summaries = queue_summaries()
+    beats = heartbeats()
+    context = {
+        "summaries": summaries,
+        "states": MessageState.values,
+        "blacklisted": sum(s.depth[MessageState.NOT_DELIVERABLE] for s in summaries),
+        "dead_lettered": sum(
+            s.depth[MessageState.TO_BE_DELIVERED] for s in summaries if s.queue.is_dead_letter
+        ),
+        "chart": rate_chart(last_hour()),
+        "workers": [
+            {"name": name, "age": beats.get(name), "healthy": beats.get(name, 1e9) <= limit}
+            for name, limit in HEALTHY_WITHIN.items()
+        ],
+    }
+    return _page(request, "console/dashboard.html", "queue-table", context)
 
 
 def _topics_page(

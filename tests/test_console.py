@@ -124,3 +124,39 @@ def test_the_demo_can_run_twice(demo, capsys):
     assert "already exist" in capsys.readouterr().out
     assert len(queue_summaries()) == 5
     assert RuleTable.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_charts_the_last_hour_and_counts_the_blacklist(viewer, client):
+    from broker.services.delivery import queue_deliver
+    from broker.services.publish import NewMessage, messages_publish
+    from broker.services.quarantine import messages_quarantine
+    from broker.services.queues import queue_create
+
+    queue = queue_create(name="Q", consumer="demo", retry_limit=0, batch_size=10)
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"ok")] * 4)
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"FAIL")] * 2)
+    queue_deliver(queue_id=queue.id)
+    [poison] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x")])
+    messages_quarantine(reasons={poison: "crashed twice"})
+    client.force_login(viewer)
+
+    html = client.get("/").content.decode()
+
+    assert "4 delivered" in html
+    assert "2 failed" in html
+    assert 'data-tile="blacklisted">1<' in html
+    assert 'data-tile="dead-lettered">2<' in html
+    assert re.search(r'<polyline class="delivered" fill="none" points="[\d., ]+"', html)
+
+
+def test_the_dashboard_says_whether_workers_answer(viewer, client):
+    from broker.services.stats import heartbeat
+
+    heartbeat(name="control")
+    client.force_login(viewer)
+
+    html = client.get("/").content.decode()
+
+    assert re.search(r'data-worker="control">\s*<strong>control</strong> answering', html)
+    assert re.search(r'data-worker="deliveries">\s*<strong>deliveries</strong> never seen', html)

@@ -21,6 +21,7 @@ from broker.selectors import queues_with_due_messages
 from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
+from broker.services.stats import heartbeat
 from broker.services.sweeper import messages_sweep
 from broker.signals import bulk_job_submitted, messages_available
 from workers.celery import app
@@ -80,6 +81,7 @@ def deliver(queue_id: int) -> None:
 @app.task(name="lazaretto.sweep", ignore_result=True)
 def sweep() -> None:
     """Flag crashed deliveries and blacklist repeat offenders."""
+    heartbeat(name="control")
     result = messages_sweep()
     if result.found:
         logger.info(
@@ -136,3 +138,9 @@ def _send_bulk_job(job_id: int) -> None:
 def bulk_job(job_id: int) -> None:
     """Run a bulk triage job (idempotent: a rerun takes up what is left)."""
     bulk_job_run(job_id=job_id)
+
+
+@app.task(name="lazaretto.heartbeat", ignore_result=True)
+def delivery_heartbeat() -> None:
+    """Scheduled on the deliveries queue: proves a delivery worker is taking tasks."""
+    heartbeat(name="deliveries")

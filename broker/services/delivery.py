@@ -35,6 +35,7 @@ from broker.consumers import Delivery, FormatError, Handler, consumer_for
 from broker.errors import IllegalTransition
 from broker.models import Queue, QueueKind
 from broker.services.quarantine import messages_quarantine
+from broker.services.stats import minute_count
 from broker.services.transitions import message_dead_letter
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,7 @@ class Courier:
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
         results = [_deliver(self.handler, queue, message, isolated) for message in batch]
         _settle(queue, self.owner, batch, results, outcome)
+        minute_count(queue_id=queue.id, delivered=outcome.acked, failed=outcome.dead_lettered)
         return outcome
 
 

@@ -11,12 +11,15 @@ threshold, or whose attempts reach its poison limit, is blacklisted instead.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
+from broker.models import Message
 from broker.services.delivery import lease_token
 from broker.services.quarantine import messages_quarantine, quarantine_reasons
+from broker.services.stats import minute_count
 
 # SKIP LOCKED: a row another transaction is settling right now (an ack in
 # progress, another sweeper) is left for the next sweep instead of waited on.
@@ -81,4 +84,9 @@ def messages_sweep() -> SweepResult:
         rows = cursor.fetchall()
         quarantined = messages_quarantine(reasons=quarantine_reasons(rows))
     requeued = sorted({row[0] for row in rows} - set(quarantined))
+    if quarantined:
+        for queue_id, count in Counter(
+            Message.objects.filter(id__in=quarantined).values_list("queue_id", flat=True)
+        ).items():
+            minute_count(queue_id=queue_id, delivered=0, failed=count)
     return SweepResult(requeued=requeued, quarantined=quarantined)
