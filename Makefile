@@ -41,7 +41,7 @@ help:
 	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT))"
 	echo "make lint      ruff check + ruff format --check + mypy"
 	echo "make fmt       ruff format + ruff check --fix"
-	echo "make bench     run every bench/*.py"
+	echo "make bench     run every bench (python -m bench.NAME)"
 	echo "make clean     stop services and remove var/"
 
 venv: $(STAMP)
@@ -71,6 +71,7 @@ test: venv services
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	bash scripts/browser.sh
 	$(VENV)/bin/pytest
 
 lint: venv
@@ -96,11 +97,11 @@ run: venv services
 bench: venv services
 	@$(load_env)
 	shopt -s nullglob
-	files=(bench/*.py)
-	if [ $${#files[@]} -eq 0 ]; then echo "make: no bench/*.py to run"; exit 0; fi
-	for f in "$${files[@]}"; do
-	  echo "== $$f"
-	  $(PY) "$$f"
+	for f in bench/*.py; do
+	  name=$$(basename "$$f" .py)
+	  [ "$$name" = "__init__" ] && continue
+	  echo "== bench.$$name"
+	  $(PY) -m "bench.$$name"
 	done
 
 clean:

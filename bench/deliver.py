@@ -3,7 +3,7 @@ how fast a killed worker's batch goes back to TBDL.
 
 Run from the project root with the services env sourced::
 
-    .venv/bin/python bench/deliver.py [--messages N] [--batches 1,10,100]
+    .venv/bin/python -m bench.deliver [--messages N] [--batches 1,10,100]
         [--concurrency C] [--size BYTES] [--batch1-messages M]
 
 The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-# bench/ is this script's directory, so its sibling bench is importable as ``publish``.
-from publish import (
+from bench.publish import (
     BenchError,
     batch_sizes,
     checkpoint,

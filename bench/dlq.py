@@ -3,7 +3,7 @@ the rules matcher alone in rule checks per second.
 
 Run from the project root with the services env sourced::
 
-    .venv/bin/python bench/dlq.py [--messages N]
+    .venv/bin/python -m bench.dlq [--messages N]
 
 The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py),
 dead-letters N messages from ten queues with a mix of reasons, and times one
@@ -23,8 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-# bench/ is this script's directory, so its sibling bench is importable as ``publish``.
-from publish import (
+from bench.publish import (
     BenchError,
     close_django,
     create_database,

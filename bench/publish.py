@@ -2,7 +2,7 @@
 
 Run from the project root with the services env sourced::
 
-    .venv/bin/python bench/publish.py [--messages N] [--batch B] [--size BYTES]
+    .venv/bin/python -m bench.publish [--messages N] [--batch B] [--size BYTES]
 
 The bench makes its own database (``lazaretto_bench_<pid>`` on the server named by
 DATABASE_URL), drops it at the end and never touches the dev database. Each

@@ -1,0 +1,258 @@
+"""Console page times on a big table: the real pages beside the same data
+read with COUNT(*) and OFFSET pagination.
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python -m bench.console [--messages N] [--repeat R]
+
+The bench makes its own database (``lazaretto_bench_<pid>``, see
+bench/publish.py), seeds N messages (default 1,000,000) over 10 queues in
+every state, then requests each console page R times (default 20) through
+Django's test client as a logged-in viewer and reports p50 and p95. Beside
+each page it times the SQL alone that a naive page would run instead (counts
+over the whole table, OFFSET pagination), without any rendering, so the
+ratio understates the naive page's cost. The last line printed is one JSON
+object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.publish import (
+    BenchError,
+    close_django,
+    create_database,
+    database_urls,
+    drop_database,
+    log,
+    positive_int,
+    setup_django,
+)
+
+QUEUES = [f"BENCH.Q{n}" for n in range(10)]
+TARGET_P95_MS = 300.0
+PAGE = 50
+# Of every 100 messages: 60 delivered, 20 waiting, 10 blacklisted, 5 failed,
+# 5 in flight.
+STATES = [("DLVD", 60), ("TBDL", 20), ("NDLV", 10), ("FAIL", 5), ("DLNG", 5)]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=positive_int, default=1_000_000)
+    parser.add_argument("--repeat", type=positive_int, default=20)
+    return parser.parse_args(argv)
+
+
+def seed(total: int) -> None:
+    """``total`` messages over QUEUES, written with the publish path's COPY,
+    then spread over every state by id, 100 ids at a time."""
+    from django.db import connection, transaction
+
+    from broker.services.publish import NewMessage, copy_messages
+    from broker.services.queues import queue_create
+
+    per_queue = total // len(QUEUES)
+    message = NewMessage(
+        payload=json.dumps({"order": 1, "note": "bench"}).encode(),
+        content_type="application/json",
+        headers={"region": "eu"},
+    )
+    for name in QUEUES:
+        queue = queue_create(name=name, consumer="noop")
+        for start in range(0, per_queue, 10_000):
+            count = min(10_000, per_queue - start)
+            with transaction.atomic(), connection.cursor() as cursor:
+                copy_messages(
+                    cursor.cursor,
+                    queue_id=queue.id,
+                    messages=[message] * count,
+                    put_user="bench",
+                    put_application="bench",
+                )
+        log(f"seeded {per_queue} messages into {name}")
+    _spread_states()
+
+
+def _spread_states() -> None:
+    from django.db import connection
+
+    low = 0
+    with connection.cursor() as cursor:
+        for state, share in STATES:
+            high = low + share
+            if state != "TBDL":
+                extra = (
+                    ", lease_owner = 'bench:1:1', lease_deadline = now() + interval '1 day'"
+                    if state == "DLNG"
+                    else ""
+                )
+                cursor.execute(
+                    f"UPDATE broker_message SET state = %s{extra} "
+                    "WHERE id %% 100 >= %s AND id %% 100 < %s",
+                    [state, low, high],
+                )
+            low = high
+        cursor.execute(
+            'UPDATE broker_message SET dead_letter = \'{"reason": "format_error"}\'::jsonb '
+            "WHERE state = 'NDLV' AND id % 1000 = 7"
+        )
+        cursor.execute("VACUUM ANALYZE broker_message")
+    log("spread the states")
+
+
+def timings(run: Callable[[], Any], repeat: int) -> dict[str, float]:
+    samples = []
+    run()  # warm caches and connections once
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    return {
+        "p50_ms": round(statistics.median(samples), 1),
+        "p95_ms": round(samples[min(len(samples) - 1, int(0.95 * len(samples)))], 1),
+    }
+
+
+def sql(*statements: str, params: Sequence[Any] = ()) -> Callable[[], Any]:
+    """Run ``statements`` one after the other, as a page would."""
+    from django.db import connection
+
+    def run() -> Any:
+        with connection.cursor() as cursor:
+            for statement in statements:
+                cursor.execute(statement, params if "%s" in statement else None)
+                cursor.fetchall()
+
+    return run
+
+
+def page(client: Any, path: str) -> Callable[[], Any]:
+    def run() -> Any:
+        response = client.get(path)
+        if response.status_code != 200:
+            raise BenchError(f"{path} answered {response.status_code}")
+        return response
+
+    return run
+
+
+def measure(repeat: int) -> dict[str, dict[str, Any]]:
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from broker.models import Message
+
+    viewer = User.objects.create_user("bench-viewer")
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client = Client(SERVER_NAME="localhost")
+    client.force_login(viewer)
+    newest = Message.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    deep = Message.objects.count() // 2
+    sample = (
+        Message.objects.filter(queue__name=QUEUES[3], state="NDLV")
+        .values_list("id", flat=True)
+        .first()
+    )
+    columns = "id, queue_id, state, priority, attempts, crash_count, content_type, created_at"
+    pages: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+        "dashboard": (
+            page(client, "/"),
+            sql("SELECT queue_id, state, count(*) FROM broker_message GROUP BY queue_id, state"),
+        ),
+        "browser_first_page": (
+            page(client, "/messages/"),
+            sql(
+                f"SELECT {columns} FROM broker_message ORDER BY id DESC OFFSET 0 LIMIT {PAGE}",
+                "SELECT count(*) FROM broker_message",
+            ),
+        ),
+        "browser_deep_page": (
+            page(client, f"/messages/?before={newest - deep}"),
+            sql(
+                f"SELECT {columns} FROM broker_message ORDER BY id DESC OFFSET %s LIMIT {PAGE}",
+                params=[deep],
+            ),
+        ),
+        "filtered_search": (
+            page(client, f"/messages/?queue={QUEUES[3]}&state=NDLV&reason=format_error"),
+            sql(
+                "SELECT count(*) FROM broker_message m JOIN broker_queue q ON q.id = m.queue_id "
+                "WHERE q.name = %s AND m.state = 'NDLV' AND m.dead_letter->>'reason' = 'format_error'",
+                params=[QUEUES[3]],
+            ),
+        ),
+        "blacklist": (
+            page(client, "/blacklist/"),
+            sql("SELECT count(*) FROM broker_message WHERE state = 'NDLV'"),
+        ),
+        "message_detail": (
+            page(client, f"/messages/{sample}/"),
+            page(client, f"/messages/{sample}/"),
+        ),
+    }
+    results = {}
+    for name, (ours, naive) in pages.items():
+        results[name] = {"console": timings(ours, repeat), "naive": timings(naive, repeat)}
+        log(f"{name}: {results[name]}")
+    return results
+
+
+def report(total: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    print(f"console bench: {total} messages over {len(QUEUES)} queues; p50 / p95 in ms")
+    print(
+        f"{'page':<20} {'console p50':>11} {'p95':>8} {'naive p50':>10} {'p95':>8} {'naive/console':>14}  target"
+    )
+    worst = 0.0
+    for name, figures in results.items():
+        ours, naive = figures["console"], figures["naive"]
+        ratio = naive["p95_ms"] / ours["p95_ms"] if ours["p95_ms"] else 0.0
+        figures["naive_over_console_p95"] = round(ratio, 2)
+        worst = max(worst, ours["p95_ms"])
+        verdict = "PASS" if ours["p95_ms"] < TARGET_P95_MS else "MISS"
+        print(
+            f"{name:<20} {ours['p50_ms']:>11} {ours['p95_ms']:>8} {naive['p50_ms']:>10} "
+            f"{naive['p95_ms']:>8} {ratio:>14.2f}  p95 < {TARGET_P95_MS:.0f} {verdict}"
+        )
+    return {
+        "bench": "console",
+        "messages": total,
+        "pages": results,
+        "worst_console_p95_ms": worst,
+        "target_p95_ms": TARGET_P95_MS,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    source_url = os.environ.get("DATABASE_URL")
+    if not source_url:
+        log("DATABASE_URL is not set (source var/services.env)")
+        return 2
+    bench_url, maintenance_url = database_urls(source_url)
+    create_database(maintenance_url)
+    try:
+        setup_django(bench_url)
+        seed(options.messages)
+        results = measure(options.repeat)
+    except BenchError as error:
+        log(f"bench failed: {error}")
+        return 1
+    finally:
+        close_django()
+        drop_database(maintenance_url)
+    print(json.dumps(report(options.messages, results)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
