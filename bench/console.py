@@ -209,8 +209,10 @@ def measure(repeat: int) -> dict[str, dict[str, Any]]:
 
 def report(total: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     print(f"console bench: {total} messages over {len(QUEUES)} queues; p50 / p95 in ms")
+    print("console: the whole page through Django; naive: its naive SQL alone, no rendering")
     print(
-        f"{'page':<20} {'console p50':>11} {'p95':>8} {'naive p50':>10} {'p95':>8} {'naive/console':>14}  target"
+        f"{'page':<20} {'console p50':>11} {'p95':>8} {'naive p50':>10} {'p95':>8} "
+        f"{'naive/console':>14}  target"
     )
     worst = 0.0
     for name, figures in results.items():
