@@ -42,6 +42,8 @@ def test_a_poison_message_shows_up_on_the_blacklist_live_and_is_released_and_del
         timeout=30,
         what="the released message delivered",
     )
+    page.goto(f"/messages/{poison}/")
+    expect(page.locator("h1 .state")).to_have_text("DLVD")
 
 
 def test_an_operator_fails_500_blacklisted_messages_by_filter(
