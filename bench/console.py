@@ -19,23 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.publish import (
-    BenchError,
-    close_django,
-    create_database,
-    database_urls,
-    drop_database,
-    log,
-    positive_int,
-    setup_django,
-)
+from bench.publish import BenchError, log, positive_int, run_bench, setup_django
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
 TARGET_P95_MS = 300.0
@@ -236,24 +226,14 @@ def report(total: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    source_url = os.environ.get("DATABASE_URL")
-    if not source_url:
-        log("DATABASE_URL is not set (source var/services.env)")
-        return 2
-    bench_url, maintenance_url = database_urls(source_url)
-    create_database(maintenance_url)
-    try:
+
+    def measure_all(bench_url: str) -> None:
         setup_django(bench_url)
         seed(options.messages)
         results = measure(options.repeat)
-    except BenchError as error:
-        log(f"bench failed: {error}")
-        return 1
-    finally:
-        close_django()
-        drop_database(maintenance_url)
-    print(json.dumps(report(options.messages, results)), flush=True)
-    return 0
+        print(json.dumps(report(options.messages, results)), flush=True)
+
+    return run_bench(measure_all)
 
 
 if __name__ == "__main__":

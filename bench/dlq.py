@@ -16,23 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.publish import (
-    BenchError,
-    close_django,
-    create_database,
-    database_urls,
-    drop_database,
-    log,
-    positive_int,
-    setup_django,
-)
+from bench.publish import BenchError, log, positive_int, run_bench, setup_django
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGINS = [f"APP{n}.IN" for n in range(10)]
@@ -150,25 +140,26 @@ def matcher_rate() -> tuple[float, Counter[int]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     total = parse_args(argv)
-    source_url = os.environ.get("DATABASE_URL")
-    if not source_url:
-        log("DATABASE_URL is not set (source var/services.env)")
-        return 2
-    bench_url, maintenance_url = database_urls(source_url)
-    create_database(maintenance_url)
-    try:
+
+    def measure(bench_url: str) -> None:
         setup_django(bench_url)
         log(f"dead-lettering {total} messages")
         dead_letter(total)
         activate_table()
         seconds, outcome = run_handler(total)
         checks_per_second, first_hits = matcher_rate()
-    except BenchError as error:
-        log(f"bench failed: {error}")
-        return 1
-    finally:
-        close_django()
-        drop_database(maintenance_url)
+        report(total, seconds, outcome, checks_per_second, first_hits)
+
+    return run_bench(measure)
+
+
+def report(
+    total: int,
+    seconds: float,
+    outcome: dict[str, int],
+    checks_per_second: float,
+    first_hits: Counter[int],
+) -> None:
     figures: dict[str, Any] = {
         "bench": "dlq",
         "messages": total,
@@ -183,7 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"handler   {seconds:>8.2f} s   {total / seconds:>10.0f} messages/s   {outcome}")
     print(f"matcher   {checks_per_second:>10.0f} rule checks/s (matching_rules, 20 rules)")
     print(json.dumps(figures), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

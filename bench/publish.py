@@ -535,8 +535,10 @@ def print_report(options: Options, results: list[Result]) -> None:
     print(json.dumps(figures), flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
+def run_bench(measure: Callable[[str], None]) -> int:
+    """Run ``measure`` on a fresh bench database beside DATABASE_URL's,
+    dropped afterwards whatever happens; returns the exit status: 0 when the
+    bench ran, 1 when its figures cannot be trusted, 2 without DATABASE_URL."""
     source_url = os.environ.get("DATABASE_URL")
     if not source_url:
         log("DATABASE_URL is not set (source var/services.env)")
@@ -544,15 +546,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_url, maintenance_url = database_urls(source_url)
     create_database(maintenance_url)
     try:
-        results = run_all(options, bench_url)
+        measure(bench_url)
     except BenchError as error:
         log(f"bench failed: {error}")
         return 1
     finally:
         close_django()
         drop_database(maintenance_url)
-    print_report(options, results)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
 
 
 if __name__ == "__main__":
