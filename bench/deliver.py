@@ -68,6 +68,9 @@ START_POLL_SECONDS = 0.01
 POLL_SECONDS = 0.05
 WAKE_TIMEOUT_SECONDS = 30.0
 STALL_TIMEOUT_SECONDS = 60.0
+# How often the workers' logs are read for failed tasks (Celery's own wording).
+CHECK_TASKS_SECONDS = 1.0
+TASK_FAILED = "raised unexpected"
 # Kill-to-TBDL: one batch of the demo consumer, slow enough to be caught in flight.
 KILL_RUNS = 3
 KILL_BATCH = 20
@@ -375,10 +378,22 @@ def wait_first_claim(conn: psycopg.Connection[Any], queue_id: int, count: int) -
     return time.perf_counter()
 
 
-def wait_all_delivered(conn: psycopg.Connection[Any], queue_id: int, count: int) -> float:
+def check_tasks(workers: Workers) -> None:
+    """Fail on the first task that raised in the deliveries or control worker
+    (a task that dies after each batch would otherwise crawl, never stall)."""
+    for name in ("deliveries", "control"):
+        text = workers.log(name)
+        at = text.find(TASK_FAILED)
+        if at >= 0:
+            raise BenchError(f"celery: a task failed in the {name} worker:\n{text[at : at + 2000]}")
+
+
+def wait_all_delivered(
+    conn: psycopg.Connection[Any], queue_id: int, count: int, workers: Workers
+) -> float:
     """perf_counter() when the queue's DLVD counter reaches ``count``; fails
-    when it stops moving for STALL_TIMEOUT_SECONDS."""
-    delivered, moved = -1, time.perf_counter()
+    when it stops moving for STALL_TIMEOUT_SECONDS or a task fails."""
+    delivered, moved, checked = -1, time.perf_counter(), time.perf_counter()
     while True:
         depth = depths(conn, queue_id)
         now = time.perf_counter()
@@ -388,6 +403,9 @@ def wait_all_delivered(conn: psycopg.Connection[Any], queue_id: int, count: int)
             delivered, moved = depth.get("DLVD", 0), now
         elif now - moved > STALL_TIMEOUT_SECONDS:
             raise BenchError(f"celery: delivery stalled for {STALL_TIMEOUT_SECONDS:.0f}s: {depth}")
+        if now - checked > CHECK_TASKS_SECONDS:
+            check_tasks(workers)
+            checked = now
         time.sleep(POLL_SECONDS)
 
 
@@ -400,12 +418,13 @@ def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
-        celery_processes(bench, Path(directory)),
+        celery_processes(bench, Path(directory)) as workers,
     ):
         queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
         released = time.perf_counter()
         first = wait_first_claim(conn, queue.id, count)
-        done = wait_all_delivered(conn, queue.id, count)
+        done = wait_all_delivered(conn, queue.id, count, workers)
+        check_tasks(workers)
     log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
     return done - first, first - released
 

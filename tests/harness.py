@@ -48,7 +48,7 @@ def wait_until(
         time.sleep(interval)
 
 
-def test_database_url() -> str:
+def database_url_for_workers() -> str:
     """The URL of the database pytest-django made for this test run."""
     db = connection.settings_dict
     return (
@@ -131,7 +131,7 @@ class Workers:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "DATABASE_URL": test_database_url(),
+            "DATABASE_URL": database_url_for_workers(),
             "CELERY_BROKER_URL": self.broker_url,
             "DEBUG": "1",
             "DUMP_DIR": str(self.dump_dir),

@@ -21,7 +21,7 @@ from broker.services.rule_tables import (
     rule_table_create,
     rule_table_rollback,
 )
-from tests.harness import ROOT, test_database_url, wait_until
+from tests.harness import ROOT, database_url_for_workers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -183,7 +183,7 @@ def test_a_forward_to_a_missing_or_paused_queue_or_another_instance_fails():
 
 
 def run_handler(*extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "DEBUG": "1"}
+    env = {**os.environ, "DATABASE_URL": database_url_for_workers(), "DEBUG": "1"}
     return subprocess.Popen(
         [sys.executable, "manage.py", "dlq", "run", "--queue", DLQ, *extra],
         cwd=ROOT,

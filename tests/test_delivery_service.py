@@ -21,7 +21,7 @@ from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep
 from broker.services.transitions import message_purge, message_release
-from tests.harness import test_database_url
+from tests.harness import database_url_for_workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
@@ -129,7 +129,7 @@ def test_the_sweeper_leaves_a_live_delivery_alone(db):
     publish(queue, 3)
     ids = lease(queue, 3, owner="host:1:4242")
     # Another session (the "worker") holds the lease's advisory lock.
-    with psycopg.connect(test_database_url(), autocommit=True) as worker:
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as worker:
         worker.execute("SELECT pg_advisory_lock(4242)")
 
         assert not messages_sweep().found
@@ -146,7 +146,7 @@ def test_the_sweeper_takes_back_a_live_delivery_whose_lease_expired(db):
     Message.objects.filter(id=message_id).update(
         lease_deadline=timezone.now() - timedelta(seconds=1)
     )
-    with psycopg.connect(test_database_url(), autocommit=True) as worker:
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as worker:
         worker.execute("SELECT pg_advisory_lock(4243)")
 
         assert messages_sweep().requeued == [message_id]
