@@ -106,7 +106,7 @@ WHERE m.id = r.id AND m.state = 'DLNG' AND m.lease_owner = %(owner)s
 
 @dataclass
 class Outcome:
-    """What one ``queue_deliver`` call did."""
+    """What one delivery unit (``Courier.deliver``) did."""
 
     claimed: int = 0
     acked: int = 0
