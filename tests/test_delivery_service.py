@@ -103,10 +103,10 @@ def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):
     lease(queue, 1, owner="host:1:777")
     Message.objects.filter(id=message_id).update(lease_owner="host:2:888")  # someone else's now
 
-    from broker.services.delivery import _ACK_SQL
+    from broker.services.delivery import ACK_SQL
 
     with connection.cursor() as cursor:
-        cursor.execute(_ACK_SQL, {"ids": [message_id], "owner": "host:1:777"})
+        cursor.execute(ACK_SQL, {"ids": [message_id], "owner": "host:1:777"})
         assert cursor.rowcount == 0
     assert Message.objects.get(id=message_id).state == S.DELIVERING
 

@@ -46,7 +46,7 @@ MAX_BACKOFF_SECONDS = 300.0
 # never wait for each other or claim the same message, mark them DLNG under
 # this worker's lease and count the attempt. Index: message_ready_idx, or
 # message_suspect_idx for a suspect.
-_CLAIM_SQL = """
+CLAIM_SQL = """
 WITH due AS (
     SELECT id FROM broker_message
     WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND available_at <= now()
@@ -87,11 +87,15 @@ WHERE id = %(queue_id)s
 
 # Settlement only touches rows this lease still owns: if the sweeper already
 # took a message back (lease expired), the late answer is dropped.
-_ACK_SQL = """
-UPDATE broker_message
+# Joined on the ids (primary key lookups) rather than "id = ANY(…)", which
+# the planner may combine with a scan of message_in_flight_idx and its dead
+# entries.
+ACK_SQL = """
+UPDATE broker_message AS m
 SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
     updated_at = now()
-WHERE id = ANY(%(ids)s) AND state = 'DLNG' AND lease_owner = %(owner)s
+FROM unnest(%(ids)s::bigint[]) AS a(id)
+WHERE m.id = a.id AND m.state = 'DLNG' AND m.lease_owner = %(owner)s
 """
 
 _RETRY_SQL = """
@@ -223,7 +227,7 @@ def _claim_suspect(queue: Queue, owner: str) -> list[_Claimed]:
 def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[_Claimed]:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            _CLAIM_SQL,
+            CLAIM_SQL,
             {
                 "queue_id": queue.id,
                 "suspect": suspect,
@@ -296,7 +300,7 @@ def _settle(
             # counter), the lock order limited publishers use too.
             cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
         if acked:
-            cursor.execute(_ACK_SQL, {"ids": acked, "owner": owner})
+            cursor.execute(ACK_SQL, {"ids": acked, "owner": owner})
             outcome.acked = cursor.rowcount
         if retry:
             ids, delays, errors = (list(column) for column in zip(*retry, strict=True))
