@@ -8,6 +8,7 @@ from django import forms
 
 from broker.errors import BrokerError
 from broker.models import QUEUE_NAME_MAX_LENGTH, Overflow, Queue, QueueKind, Topic
+from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
 
@@ -69,18 +70,9 @@ class QueueSettingsForm(forms.ModelForm):
 
     class Meta:
         model = Queue
+        # Kind, pause and limits have their own controls.
         fields = [
-            "description",
-            "consumer",
-            "batch_size",
-            "lease_seconds",
-            "retry_limit",
-            "retry_backoff_seconds",
-            "crash_threshold",
-            "poison_limit",
-            "suspect_delay_seconds",
-            "max_payload_bytes",
-            "dead_letter_queue",
+            name for name in QUEUE_SETTINGS if name not in {"kind", "paused", *LIMIT_SETTINGS}
         ]
         help_texts = {
             "consumer": "A handler name (noop, log, json, demo) or an http(s) webhook URL.",

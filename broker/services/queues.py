@@ -12,28 +12,30 @@ from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
 from broker.models import Message, MessageState, Queue, QueueDepth, QueueKind
 from broker.services.audit import Actor, audit_record
 
-# Settings an operator may change after creation. The name is fixed: other
-# queues, rules tables and applications refer to it.
-EDITABLE_FIELDS = frozenset(
-    {
-        "kind",
-        "description",
-        "consumer",
-        "batch_size",
-        "lease_seconds",
-        "retry_limit",
-        "retry_backoff_seconds",
-        "crash_threshold",
-        "poison_limit",
-        "suspect_delay_seconds",
-        "max_messages",
-        "overflow",
-        "discard_to_dead_letter",
-        "max_payload_bytes",
-        "dead_letter_queue",
-        "paused",
-    }
+# Settings an operator may change after creation, in the order forms and the
+# API show them. The name is fixed: other queues, rules tables and
+# applications refer to it.
+QUEUE_SETTINGS = (
+    "kind",
+    "description",
+    "consumer",
+    "batch_size",
+    "lease_seconds",
+    "retry_limit",
+    "retry_backoff_seconds",
+    "crash_threshold",
+    "poison_limit",
+    "suspect_delay_seconds",
+    "max_messages",
+    "overflow",
+    "discard_to_dead_letter",
+    "max_payload_bytes",
+    "dead_letter_queue",
+    "paused",
 )
+EDITABLE_FIELDS = frozenset(QUEUE_SETTINGS)
+# How many messages a queue takes, and what it does when full: the Limits form.
+LIMIT_SETTINGS = frozenset({"max_messages", "overflow", "discard_to_dead_letter"})
 # States whose messages still need something to happen to them.
 LIVE_STATES = (MessageState.TO_BE_DELIVERED, MessageState.DELIVERING, MessageState.NOT_DELIVERABLE)
 

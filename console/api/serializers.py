@@ -22,6 +22,7 @@ from broker.models import (
 )
 from broker.selectors import LimitState, live_count
 from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
+from broker.services.queues import QUEUE_SETTINGS
 from broker.services.rule_tables import rule_table_report
 
 
@@ -45,22 +46,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         model = Queue
         fields = [
             "name",
-            "kind",
-            "description",
-            "consumer",
-            "batch_size",
-            "lease_seconds",
-            "retry_limit",
-            "retry_backoff_seconds",
-            "crash_threshold",
-            "poison_limit",
-            "suspect_delay_seconds",
-            "max_messages",
-            "overflow",
-            "discard_to_dead_letter",
-            "max_payload_bytes",
-            "dead_letter_queue",
-            "paused",
+            *QUEUE_SETTINGS,
             "depth",
             "limit",
             "created_at",
