@@ -13,23 +13,29 @@ BOOTSTRAP_PYTHON := $(shell command -v python3.11 2>/dev/null || command -v pyth
 
 # Source var/services.env (written by `scripts/services.sh start`) while keeping
 # any DATABASE_URL / CELERY_BROKER_URL the caller set: the caller always wins,
-# even over a stale var/services.env from an earlier run.
-# These targets are local runs: when the caller gives neither SECRET_KEY nor
-# DEBUG, DEBUG=true lets the settings use their local-only key.
+# even over a stale var/services.env from an earlier run. These targets are
+# local runs: var/services.env itself turns DEBUG on (so the settings use their
+# local-only key) when the caller gives neither SECRET_KEY nor DEBUG.
 define load_env
 _caller_db="$${DATABASE_URL:-}"; _caller_broker="$${CELERY_BROKER_URL:-}"
 if [ -f var/services.env ]; then . var/services.env; fi
 if [ -n "$$_caller_db" ]; then export DATABASE_URL="$$_caller_db"; fi
 if [ -n "$$_caller_broker" ]; then export CELERY_BROKER_URL="$$_caller_broker"; fi
-if [ -z "$${SECRET_KEY:-}" ] && [ -z "$${DEBUG:-}" ]; then export DEBUG=true; fi
 endef
 
 # mypy's Django plugin imports the settings, which need a DATABASE_URL (never
-# connected to): `make lint` works without services.
+# connected to) and a SECRET_KEY (never used): `make lint` works without
+# services, so without var/services.env.
 define lint_env
 $(load_env)
 if [ -z "$${DATABASE_URL:-}" ]; then export DATABASE_URL=postgres://lint:lint@127.0.0.1:5432/lint; fi
+if [ -z "$${SECRET_KEY:-}" ]; then export SECRET_KEY=lint-only-never-used; fi
 endef
+
+# The test database's durability profile, for pytest only (tests/conftest.py):
+# fast turns synchronous_commit off on pytest-django's test database; durable
+# changes nothing. The cluster and `make run`'s database are always durable.
+LAZARETTO_TEST_DB_PROFILE ?= fast
 
 .PHONY: help venv services stop test run lint fmt bench clean
 
@@ -72,7 +78,7 @@ test: venv services
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 	bash scripts/browser.sh
-	$(VENV)/bin/pytest
+	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(VENV)/bin/pytest
 
 lint: venv
 	@$(lint_env)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.publish import BenchError, log, positive_int, run_bench, setup_django
+from bench.publish import BenchError, log, positive_int, print_figures, run_bench, setup_django
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
 TARGET_P95_MS = 300.0
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_django(bench_url)
         seed(options.messages)
         results = measure(options.repeat)
-        print(json.dumps(report(options.messages, results)), flush=True)
+        print_figures(report(options.messages, results))
 
     return run_bench(measure_all)
 

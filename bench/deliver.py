@@ -18,7 +18,6 @@ JSON object with the figures; logs go to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import secrets
@@ -43,6 +42,7 @@ from bench.publish import (
     log,
     make_payload,
     positive_int,
+    print_figures,
     run_bench,
     setup_django,
 )
@@ -660,7 +660,7 @@ def print_report(
     print_table(options, results)
     print_kill(kill)
     print(f"total {seconds:.0f} s")
-    print(json.dumps(summary(options, results, kill, seconds)), flush=True)
+    print_figures(summary(options, results, kill, seconds))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

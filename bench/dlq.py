@@ -15,14 +15,13 @@ The last line printed is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.publish import BenchError, log, positive_int, run_bench, setup_django
+from bench.publish import BenchError, log, positive_int, print_figures, run_bench, setup_django
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGINS = [f"APP{n}.IN" for n in range(10)]
@@ -173,7 +172,7 @@ def report(
     print(f"dlq bench: {total} dead-lettered messages, one scan under a 20-rule table")
     print(f"handler   {seconds:>8.2f} s   {total / seconds:>10.0f} messages/s   {outcome}")
     print(f"matcher   {checks_per_second:>10.0f} rule checks/s (matching_rules, 20 rules)")
-    print(json.dumps(figures), flush=True)
+    print_figures(figures)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,42 @@ def create_database(maintenance_url: str) -> None:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
 
 
+# --- the durability profile measured -----------------------------------------
+
+DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")
+# What run_bench read on the bench database; print_figures adds it to the JSON.
+DURABILITY: dict[str, str] = {}
+
+
+def read_durability(url: str) -> dict[str, str]:
+    """The durability settings a new session on ``url`` sees, and their
+    profile: ``durable`` when every commit waits for fsynced WAL and full pages
+    are logged, else ``fast``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        settings = {}
+        for name in DURABILITY_SETTINGS:
+            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+            settings[name] = str(row[0]) if row else "?"
+    durable = (
+        settings["fsync"] == "on"
+        and settings["full_page_writes"] == "on"
+        and settings["synchronous_commit"] != "off"
+    )
+    return {"profile": "durable" if durable else "fast", **settings}
+
+
+def describe_durability(durability: dict[str, str]) -> str:
+    """``postgresql: durable (fsync on, synchronous_commit on, full_page_writes on)``"""
+    settings = ", ".join(f"{name} {durability[name]}" for name in DURABILITY_SETTINGS)
+    return f"postgresql: {durability['profile']} ({settings})"
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    """Print a bench's last line: its figures as one JSON object, with the
+    durability profile run_bench measured on."""
+    print(json.dumps({**figures, "durability": dict(DURABILITY)}), flush=True)
+
+
 def setup_django(bench_url: str) -> None:
     os.environ["DATABASE_URL"] = bench_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -532,13 +568,15 @@ def print_report(options: Options, results: list[Result]) -> None:
             f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f} {ratio:>6.2f} "
             f"{baseline:<8} {verdict}"
         )
-    print(json.dumps(figures), flush=True)
+    print_figures(figures)
 
 
 def run_bench(measure: Callable[[str], None]) -> int:
     """Run ``measure`` on a fresh bench database beside DATABASE_URL's,
     dropped afterwards whatever happens; returns the exit status: 0 when the
-    bench ran, 1 when its figures cannot be trusted, 2 without DATABASE_URL."""
+    bench ran, 1 when its figures cannot be trusted, 2 without DATABASE_URL.
+    First prints the durability profile of the bench database (``postgresql:
+    durable (fsync on, ...)``), which print_figures adds to the JSON line."""
     source_url = os.environ.get("DATABASE_URL")
     if not source_url:
         log("DATABASE_URL is not set (source var/services.env)")
@@ -546,6 +584,8 @@ def run_bench(measure: Callable[[str], None]) -> int:
     bench_url, maintenance_url = database_urls(source_url)
     create_database(maintenance_url)
     try:
+        DURABILITY.update(read_durability(bench_url))
+        print(describe_durability(DURABILITY), flush=True)
         measure(bench_url)
     except BenchError as error:
         log(f"bench failed: {error}")

@@ -9,8 +9,16 @@
 #
 # A service is only started for a variable that is NOT already set by the caller:
 # DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis). var/services.env
-# holds `export` lines for the project-local services that exist; the Makefile
-# sources it so that a caller's own DATABASE_URL / CELERY_BROKER_URL still win.
+# holds `export` lines for the project-local services that exist, and turns
+# DEBUG on unless the caller set SECRET_KEY or DEBUG, so `source var/services.env`
+# is enough for `python manage.py ...`; the Makefile sources it so that a
+# caller's own DATABASE_URL / CELERY_BROKER_URL still win.
+#
+# The cluster runs with PostgreSQL's durable defaults (fsync, synchronous_commit,
+# full_page_writes on); start removes the `= off` lines older versions of this
+# script wrote into postgresql.conf and reloads a running server. Only the test
+# suite goes faster, on its own test database (LAZARETTO_TEST_DB_PROFILE,
+# tests/conftest.py).
 #
 # State lives in var/ at the repo root: pg.port, pg.password, redis.port, the
 # cluster in var/pg/data (or a symlink var/pg -> ${TMPDIR:-/tmp}/lazaretto-<hash>/pg
@@ -32,6 +40,10 @@ PG_OS_USER="lazaretto"   # system user owning the cluster when we run as root
 PG_ROLE="lazaretto"      # database superuser role
 PG_DB="lazaretto"
 READY_TIMEOUT=30
+# The cluster keeps PostgreSQL's durable defaults: a publish answered 201 must
+# survive a power cut. Clusters made before that carry these lines; start removes them.
+PG_FAST_SETTING_RE="^[[:space:]]*(fsync|synchronous_commit|full_page_writes)[[:space:]]*=?[[:space:]]*'?(off|false|no|0)'?[[:space:]]*(#.*)?$"
+PG_CONF_HEADER="# ---- added by scripts/services.sh: local dev cluster, PostgreSQL's durable defaults (fsync, synchronous_commit, full_page_writes on) ----"
 
 msg() { printf 'services: %s\n' "$*"; }
 warn() { printf 'services: %s\n' "$*" >&2; }
@@ -270,21 +282,55 @@ pg_initdb() {
         die "initdb failed; see var/log/initdb.log"
     fi
     rm -f "$pwfile"
-    cat >>"$PGDATA_DIR/postgresql.conf" <<'EOF'
+    cat >>"$PGDATA_DIR/postgresql.conf" <<EOF
 
-# ---- added by scripts/services.sh: throwaway dev/test cluster, NOT crash safe ----
+$PG_CONF_HEADER
 listen_addresses = '127.0.0.1'
-fsync = off
-synchronous_commit = off
-full_page_writes = off
 max_connections = 200
 shared_buffers = 256MB
 # port and unix_socket_directories are passed by scripts/services.sh on start
 EOF
 }
 
+# pg_conf_is_fast CONF: CONF turns off one of fsync, synchronous_commit or
+# full_page_writes (as scripts/services.sh itself did before the cluster had
+# to be durable).
+pg_conf_is_fast() { grep -Eqi "$PG_FAST_SETTING_RE" "$1"; }
+
+# pg_conf_make_durable CONF: delete those settings from CONF, so PostgreSQL's
+# durable defaults apply, and retitle our block; everything else stays. sed -i
+# keeps the file's owner and mode.
+pg_conf_make_durable() {
+    local conf="$1"
+    sed -i -E -e "/$PG_FAST_SETTING_RE/Id" \
+        -e "s|^# ---- added by scripts/services\.sh: throwaway dev/test cluster, NOT crash safe ----\$|$PG_CONF_HEADER|" \
+        "$conf" || die "could not edit $conf"
+}
+
+# pg_durability PORT PASSWORD: print what a new session on the dev database
+# sees, as "fsync=on full_page_writes=on synchronous_commit=on".
+pg_durability() {
+    PGPASSWORD="$2" PGCONNECT_TIMEOUT=10 "$(pg_tool psql)" -X -q -tA -h 127.0.0.1 -p "$1" \
+        -U "$PG_ROLE" -d "$PG_DB" -c "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name)
+            FROM pg_settings WHERE name IN ('fsync', 'full_page_writes', 'synchronous_commit')" \
+        2>>"$LOG_DIR/postgres.log"
+}
+
+# pg_check_durable PORT PASSWORD: warn unless the server runs durable (a reload
+# applies a moment after pg_ctl returns, hence the few tries).
+pg_check_durable() {
+    local want="fsync=on full_page_writes=on synchronous_commit=on" seen="" i
+    for ((i = 0; i < 20; i++)); do
+        seen="$(pg_durability "$1" "$2" || true)"
+        [ "$seen" = "$want" ] && return 0
+        sleep 0.5
+    done
+    warn "postgres is not durable: ${seen:-<could not ask>} (want $want);" \
+        "look for these settings in $PGDATA_DIR/postgresql.auto.conf (ALTER SYSTEM) or ALTER DATABASE/ROLE ... SET"
+}
+
 start_pg() {
-    local port pw new_pw=0 ver bin_ver i psql
+    local port pw new_pw=0 made_durable=0 ver bin_ver i psql
     ensure_pg_binaries
     ensure_pg_os_user
     resolve_pg_base 1
@@ -313,8 +359,20 @@ start_pg() {
     if is_root; then chown "$PG_OS_USER:" "$PGSOCK_DIR"; fi
     chmod 700 "$PGSOCK_DIR"
 
+    if pg_conf_is_fast "$PGDATA_DIR/postgresql.conf"; then
+        pg_conf_make_durable "$PGDATA_DIR/postgresql.conf"
+        made_durable=1
+        msg "removed fsync/synchronous_commit/full_page_writes = off from postgresql.conf: the cluster is durable now"
+    fi
+
     if pg_running; then
         msg "postgres already running (pid $(pg_pid), port $port)"
+        if [ "$made_durable" -eq 1 ]; then
+            # All three are reloadable (sighup / user): no restart needed.
+            as_pg "$PGBIN/pg_ctl" reload -D "$PGDATA_DIR" >/dev/null ||
+                die "pg_ctl reload failed; see var/log/postgres.log"
+            msg "reloaded postgres configuration"
+        fi
     else
         if port_in_use "$port"; then
             die "port $port (kept in var/pg.port) is used by another process; free it or delete var/pg.port"
@@ -361,6 +419,13 @@ start_pg() {
         msg "created database $PG_DB"
     fi
     rm -f "$VAR/.pg-check"
+    pg_check_durable "$port" "$pw"
+    if [ "$made_durable" -eq 1 ]; then
+        # Files written while fsync was off may sit in the OS cache only; with
+        # fsync on now, flush them once (PostgreSQL's docs on turning fsync on).
+        as_pg "$PGBIN/initdb" --sync-only -D "$PGDATA_DIR" >>"$LOG_DIR/initdb.log" 2>&1 ||
+            warn "initdb --sync-only failed; see var/log/initdb.log (run 'sync' to flush by hand)"
+    fi
 }
 
 stop_pg() {
@@ -492,6 +557,9 @@ cmd_start() {
         if [ -f "$REDIS_PORT_FILE" ]; then
             printf 'export CELERY_BROKER_URL=redis://127.0.0.1:%s/0\n' "$(cat "$REDIS_PORT_FILE")"
         fi
+        # Enough on its own for `python manage.py ...`: a local run gets DEBUG
+        # (and so the settings' local-only key) unless the caller set SECRET_KEY or DEBUG.
+        printf '%s\n' 'if [ -z "${SECRET_KEY:-}" ] && [ -z "${DEBUG:-}" ]; then export DEBUG=true; fi'
     } >"$tmp"
     chmod 600 "$tmp"
     mv -f "$tmp" "$ENV_FILE"
@@ -564,4 +632,7 @@ main() {
     esac
 }
 
-main "$@"
+# Sourced (tests call single functions), the script defines them and runs nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi

@@ -3,12 +3,15 @@ outsider (logged in, no role), each with an API client."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.db import connection, connections
+from pytest_django import DjangoDbBlocker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -124,3 +127,52 @@ def start_workers(
     yield start
     for workers in started:
         workers.stop()
+
+
+# --- the test database's durability profile ----------------------------------
+
+TEST_DB_PROFILE_VARIABLE = "LAZARETTO_TEST_DB_PROFILE"
+TEST_DB_PROFILES = ("fast", "durable")
+
+
+def chosen_test_db_profile(environ: Mapping[str, str] = os.environ) -> str:
+    """The profile LAZARETTO_TEST_DB_PROFILE names: ``fast`` or ``durable``
+    (unset or empty). Anything else stops the test session, naming the variable."""
+    value = environ.get(TEST_DB_PROFILE_VARIABLE, "")
+    if value == "":
+        return "durable"
+    if value not in TEST_DB_PROFILES:
+        raise pytest.UsageError(
+            f"{TEST_DB_PROFILE_VARIABLE}: {value!r} is not valid; "
+            f"expected one of {', '.join(TEST_DB_PROFILES)}."
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a bad LAZARETTO_TEST_DB_PROFILE before any test runs."""
+    chosen_test_db_profile()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: DjangoDbBlocker) -> None:
+    """pytest-django's test database, in the profile LAZARETTO_TEST_DB_PROFILE
+    chooses (``make test`` sets ``fast``; unset means ``durable``).
+
+    ``fast`` sets synchronous_commit off on the test database alone (ALTER
+    DATABASE), so every new session on it, this process's and the Celery workers'
+    the tests start, commits without waiting for the WAL flush. ``durable``
+    resets it, which changes nothing on a fresh test database and undoes a fast
+    run's setting on a reused one (--reuse-db). The cluster and the database
+    ``make run`` uses are never touched. Open connections are closed so the next
+    ones see the setting."""
+    profile = chosen_test_db_profile()
+    name = connection.ops.quote_name(connection.settings_dict["NAME"])
+    if profile == "fast":
+        statement = f"ALTER DATABASE {name} SET synchronous_commit = off"
+    else:
+        statement = f"ALTER DATABASE {name} RESET synchronous_commit"
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+        connections.close_all()
