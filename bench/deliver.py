@@ -327,7 +327,7 @@ def celery_processes(bench: Bench, directory: Path) -> Iterator[Workers]:
 def claim_and_ack(conn: psycopg.Connection[Any], claim: dict[str, Any]) -> int:
     """One batch, two transactions as the service does: the claim, then the ack.
     Returns how many messages it delivered (0: nothing left)."""
-    from broker.services.delivery import ACK_SQL, CLAIM_SQL
+    from broker.services.transitions.in_flight import ACK_SQL, CLAIM_SQL
 
     with conn.transaction():
         ids = [row[0] for row in conn.execute(CLAIM_SQL, claim).fetchall()]

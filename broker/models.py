@@ -1,7 +1,8 @@
 """Lazaretto's data: queues, topics, subscriptions, messages and the audit log.
 
-Models hold data and constraints only. Every state change goes through a
-service function in ``broker.services``.
+Models hold data and constraints only. Every change of a message's state or
+queue goes through ``broker.services.transitions``; every other write through
+a service function in ``broker.services``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from broker.consumers import validate_consumer
-from broker.topics import TopicError, filter_levels, is_under, topic_levels
+from broker.topic_grammar import TopicError, filter_levels, is_under, topic_levels
 
 QUEUE_NAME_MAX_LENGTH = 48
 # IBM MQ object names: letters, digits, '.', '_', '/', '%'. ASCII only, so
@@ -247,6 +248,10 @@ class Message(models.Model):
         max_length=4, choices=MessageState.choices, default=MessageState.TO_BE_DELIVERED
     )
     available_at = models.DateTimeField(db_default=Now())
+    # When the message arrived in the queue it is on now: its publish, or its
+    # last move (dead-lettered, forwarded, retried, released). discard_old
+    # discards the earliest arrivals first.
+    enqueued_at = models.DateTimeField(db_default=Now())
     attempts = models.IntegerField(db_default=0)
     crash_count = models.IntegerField(db_default=0)
     suspect = models.BooleanField(db_default=False)
@@ -324,11 +329,11 @@ class Message(models.Model):
                 name="message_in_flight_idx",
                 condition=Q(state=MessageState.DELIVERING),
             ),
-            # discard_old's oldest waiting messages of a queue:
+            # discard_old's earliest arrivals waiting in a queue:
             #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
-            #   ORDER BY id LIMIT $excess FOR UPDATE SKIP LOCKED
+            #   ORDER BY enqueued_at, id LIMIT $excess FOR UPDATE SKIP LOCKED
             models.Index(
-                fields=["queue", "id"],
+                fields=["queue", "enqueued_at", "id"],
                 name="message_waiting_idx",
                 condition=Q(state=MessageState.TO_BE_DELIVERED),
             ),

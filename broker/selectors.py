@@ -14,7 +14,7 @@ from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
-from broker.errors import MessageNotFound
+from broker.errors import MessageNotFound, RuleTableNotFound
 from broker.models import (
     AuditEvent,
     Heartbeat,
@@ -22,7 +22,10 @@ from broker.models import (
     MessageState,
     Queue,
     QueueDepth,
+    QueueKind,
     QueueMinute,
+    RuleTable,
+    RuleTableStatus,
     Subscription,
 )
 
@@ -304,3 +307,30 @@ def heartbeats() -> dict[str, float]:
     """Seconds since each Celery queue last had a worker take a task."""
     now = timezone.now()
     return {beat.name: (now - beat.seen_at).total_seconds() for beat in Heartbeat.objects.all()}
+
+
+def active_rule_table(*, queue: Queue) -> RuleTable | None:
+    """The rules table version the dead-letter handler uses on ``queue`` now
+    (at most one: constraint rule_table_one_active_per_queue)."""
+    return RuleTable.objects.filter(queue=queue, status=RuleTableStatus.ACTIVE).first()
+
+
+def queues_with_active_rules() -> list[Queue]:
+    """The dead-letter queues that have an active rules table."""
+    return list(
+        Queue.objects.filter(
+            kind=QueueKind.DEAD_LETTER, rule_tables__status=RuleTableStatus.ACTIVE
+        ).order_by("name")
+    )
+
+
+def rule_table_versions(*, queue: Queue) -> list[RuleTable]:
+    """Every version of a queue's rules table, newest first."""
+    return list(queue.rule_tables.select_related("created_by").order_by("-version"))
+
+
+def rule_table_version(*, queue: Queue, version: int) -> RuleTable:
+    table = RuleTable.objects.filter(queue=queue, version=version).first()
+    if table is None:
+        raise RuleTableNotFound(f"{queue.name} has no rules table version {version}.")
+    return table

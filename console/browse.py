@@ -24,14 +24,14 @@ from broker.selectors import (
     messages_page,
 )
 from broker.services.bulk import bulk_job_submit, bulk_preview
-from broker.services.publish import message_resubmit
-from broker.services.quarantine import dump_path_for
-from broker.services.transitions import (
+from broker.services.dumps import dump_path_for
+from broker.services.transitions.blacklist import (
     TRIAGE_ACTIONS,
     message_fail,
     message_purge,
     message_release,
 )
+from broker.services.transitions.resubmit import message_resubmit
 from console.forms import ResubmitForm, add_service_errors
 from console.payloads import payload_view
 from console.roles import Role

@@ -24,7 +24,11 @@ from broker.services.rule_tables import (
     rule_table_report,
     rule_table_rollback,
 )
-from broker.services.transitions import message_discard, message_forward, message_retry
+from broker.services.transitions.dead_lettered import (
+    message_discard,
+    message_forward,
+    message_retry,
+)
 from console.roles import Role, user_role
 from console.views import HtmxHttpRequest, role_required
 

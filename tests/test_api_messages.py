@@ -3,7 +3,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from broker.models import Message, MessageState
+from broker.models import Message
+from tests.walk import blacklisted
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +47,7 @@ def test_it_lists_newest_first_with_cursor_pagination(viewer_api, orders, publis
 
 def test_it_filters_by_state(viewer_api, orders, publish):
     ids = publish(orders, 6)
-    Message.objects.filter(id__in=ids[:2]).update(state=MessageState.NOT_DELIVERABLE)
+    blacklisted(ids[:2])
 
     body = viewer_api.get("/api/v1/queues/ORDERS.IN/messages/?state=NDLV").json()
 

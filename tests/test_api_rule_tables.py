@@ -1,8 +1,10 @@
 import pytest
 
-from broker.models import AuditEvent, Message, Queue, RuleTable
+from broker.models import AuditEvent, Message, RuleTable
+from tests.walk import dead_lettered
 
 pytestmark = pytest.mark.django_db
+
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 TABLES = "/api/v1/rule-tables/"
 
@@ -57,14 +59,10 @@ def test_only_drafts_change(admin_api):
 
 
 def test_a_dry_run_counts_hits_per_rule_and_changes_nothing(admin_api, orders, publish):
-    ids = publish(orders, 4)
-    Message.objects.filter(id__in=ids).update(
-        queue=Queue.objects.get(name=DLQ),
-        dead_letter={"reason": "format_error", "original_queue": "ORDERS.IN"},
-    )
-    Message.objects.filter(id=ids[0]).update(
-        dead_letter={"reason": "handler_error", "original_queue": "ORDERS.IN"}
-    )
+    ids = [
+        *dead_lettered(orders, 1, reason="handler_error"),
+        *dead_lettered(orders, 3, reason="format_error"),
+    ]
     table = draft(
         admin_api,
         "REASON(MQRC_FORMAT_ERROR) ACTION(DISCARD)\nREASON(LZRC_HANDLER_ERROR) ACTION(RETRY)\nDESTQ(X) ACTION(IGNORE)\n",

@@ -12,8 +12,8 @@ from broker.models import AuditEvent, BulkJob, Message
 from broker.selectors import MessageFilter
 from broker.services.bulk import bulk_job_run, bulk_job_submit, bulk_preview
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
 from broker.services.queues import queue_create
+from broker.services.transitions.blacklist import messages_quarantine
 from tests.harness import wait_until
 
 pytestmark = pytest.mark.django_db

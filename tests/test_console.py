@@ -130,8 +130,8 @@ def test_the_demo_can_run_twice(demo, capsys):
 def test_the_dashboard_charts_the_last_hour_and_counts_the_blacklist(viewer, client):
     from broker.services.delivery import queue_deliver
     from broker.services.publish import NewMessage, messages_publish
-    from broker.services.quarantine import messages_quarantine
     from broker.services.queues import queue_create
+    from broker.services.transitions.blacklist import messages_quarantine
 
     queue = queue_create(name="Q", consumer="demo", retry_limit=0, batch_size=10)
     messages_publish(queue_name="Q", messages=[NewMessage(payload=b"ok")] * 4)

@@ -10,8 +10,10 @@ from django.test import Client
 from broker.models import AuditEvent, Message, Queue, RuleTable
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
+from tests.walk import dead_lettered
 
 pytestmark = pytest.mark.django_db
+
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 BASE = f"/dead-letters/{DLQ}/"
 
@@ -23,18 +25,12 @@ def logged_in(user) -> Client:
 
 
 @pytest.fixture
-def dead(orders, publish) -> list[int]:
+def dead(orders) -> list[int]:
     """Three messages dead-lettered from ORDERS.IN, two of them format errors."""
-    ids = publish(orders, 3)
-    dlq = Queue.objects.get(name=DLQ)
-    for message_id, reason in zip(
-        ids, ["format_error", "format_error", "handler_error"], strict=True
-    ):
-        Message.objects.filter(id=message_id).update(
-            queue=dlq,
-            dead_letter={"reason": reason, "original_queue": "ORDERS.IN", "error": "boom"},
-        )
-    return ids
+    return [
+        *dead_lettered(orders, 2, reason="format_error"),
+        *dead_lettered(orders, 1, reason="handler_error"),
+    ]
 
 
 def test_the_queue_page_counts_by_reason_and_original_queue(viewer, dead):

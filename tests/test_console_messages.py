@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from broker.models import AuditEvent, Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
+from broker.services.transitions.blacklist import messages_quarantine
 
 pytestmark = pytest.mark.django_db
 S = MessageState

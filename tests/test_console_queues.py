@@ -11,7 +11,7 @@ from django.test import Client
 
 from broker.models import AuditEvent, Message, Queue
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
+from broker.services.transitions.blacklist import messages_quarantine
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
+from broker.services.transitions.blacklist import messages_quarantine
 
 pytestmark = pytest.mark.django_db
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"

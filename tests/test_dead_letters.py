@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from broker.models import AuditEvent, DeadLetterAttempt, Message, Queue, RuleTable
 from broker.services.dead_letters import ScanResult, dead_letter_scan
+from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import (
@@ -21,6 +21,7 @@ from broker.services.rule_tables import (
     rule_table_create,
     rule_table_rollback,
 )
+from tests import walk
 from tests.harness import ROOT, database_url_for_workers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,18 +32,8 @@ def dead_lettered(
     count: int, *, original: str = "ORDERS.IN", reason: str = "handler_error", **headers: str
 ) -> list[int]:
     """Messages as the delivery engine dead-letters them: published to
-    ``original``, then moved to the dead-letter queue with a header."""
-    ids = messages_publish(
-        queue_name=original, messages=[NewMessage(payload=b"{}", headers=headers)] * count
-    )
-    header = {"reason": reason, "original_queue": original, "time": "2026-11-22T10:00:00+00:00"}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE broker_message SET queue_id = (SELECT id FROM broker_queue WHERE name = %s),"
-            " dead_letter = %s::jsonb, attempts = 4, updated_at = now() WHERE id = ANY(%s)",
-            [DLQ, json.dumps(header), ids],
-        )
-    return ids
+    ``original``, claimed, then moved to the dead-letter queue with a header."""
+    return walk.dead_lettered(Queue.objects.get(name=original), count, reason=reason, **headers)
 
 
 def activate(text: str) -> RuleTable:
@@ -159,16 +150,9 @@ def test_a_message_without_a_dead_letter_header_is_reported_and_left():
     assert where(message_id) == DLQ
 
 
-def test_a_forward_to_a_missing_or_paused_queue_or_another_instance_fails():
+def test_a_forward_to_a_missing_queue_or_another_instance_fails():
     ids = dead_lettered(3)
-    Queue.objects.filter(name="PARKED.Q").update(paused=True)
-    activate(
-        "RETRYINT(0)\n"
-        "APPLNAME(NOBODY) ACTION(FWD) FWDQ(PARKED.Q)\n"
-        "ACTION(FWD) FWDQ(NO.SUCH.Q) RETRY(1)\n"
-    )
-    assert scan().failed == 3
-    activate("ACTION(FWD) FWDQ(PARKED.Q)\n")
+    activate("RETRYINT(0)\nACTION(FWD) FWDQ(NO.SUCH.Q) RETRY(1)\n")
     assert scan().failed == 3
     activate("ACTION(FWD) FWDQ(ORDERS.IN) FWDQM(ELSEWHERE)\n")
     assert scan().failed == 3
@@ -177,9 +161,28 @@ def test_a_forward_to_a_missing_or_paused_queue_or_another_instance_fails():
         AuditEvent.objects.filter(action="dlq_action_failed").values_list("reason", flat=True)
     )
     assert any("NO.SUCH.Q does not exist" in r for r in reasons)
-    assert any("PARKED.Q is paused" in r for r in reasons)
     assert any("ELSEWHERE is not this instance" in r for r in reasons)
     assert {where(i) for i in ids} == {DLQ}
+
+
+def test_a_forward_or_retry_into_a_paused_queue_lands_and_waits_there():
+    orders = Queue.objects.get(name="ORDERS.IN")
+    forwarded = dead_lettered(2, reason="format_error")
+    retried = dead_lettered(1, reason="handler_error")
+    Queue.objects.filter(name__in=["PARKED.Q", "ORDERS.IN"]).update(paused=True)
+    activate(
+        "REASON(MQRC_FORMAT_ERROR) ACTION(FWD) FWDQ(PARKED.Q)\n"
+        "REASON(LZRC_HANDLER_ERROR) ACTION(RETRY)\n"
+    )
+
+    result = scan()
+
+    assert (result.forwarded, result.retried, result.failed) == (2, 1, 0)
+    assert {where(i) for i in forwarded} == {"PARKED.Q"}
+    assert where(retried[0]) == "ORDERS.IN"
+    waiting = Message.objects.filter(id__in=forwarded + retried, state="TBDL")
+    assert waiting.count() == 3
+    assert queue_deliver(queue_id=orders.id).claimed == 0  # paused: nothing is delivered
 
 
 def run_handler(*extra: str) -> subprocess.Popen[bytes]:
@@ -210,6 +213,49 @@ def test_two_handler_processes_act_on_each_of_10000_messages_exactly_once():
     )
     assert len(forwards) == len(set(forwards)) == 10_000
     assert all("forwarded" in output for output in outputs), "both handlers took part"
+
+
+def _blocked_retry(rules: str) -> int:
+    """A dead-lettered message whose RETRY target, ORDERS.IN, is full."""
+    [message_id] = dead_lettered(1)
+    Queue.objects.filter(name="ORDERS.IN").update(max_messages=1)
+    messages_publish(queue_name="ORDERS.IN", messages=[NewMessage(payload=b"blocker")])
+    activate(rules)
+    return message_id
+
+
+@pytest.mark.slow
+def test_wait_no_keeps_retrying_at_retryint_until_the_action_succeeds():
+    message_id = _blocked_retry("RETRYINT(1) WAIT(NO)\nACTION(RETRY) RETRY(5)\n")
+    handler = run_handler()
+    try:
+        wait_until(
+            lambda: AuditEvent.objects.filter(action="dlq_action_failed").exists(),
+            timeout=30,
+            what="the first failed retry",
+        )
+        walk.delivered(Queue.objects.get(name="ORDERS.IN"), 1)  # room again
+
+        output = handler.communicate(timeout=30)[0].decode()
+    finally:
+        handler.kill()
+        handler.wait()
+
+    assert handler.returncode == 0, output
+    assert where(message_id) == "ORDERS.IN"
+
+
+@pytest.mark.slow
+def test_wait_no_ends_once_every_matching_rule_is_used_up():
+    message_id = _blocked_retry("RETRYINT(1) WAIT(NO)\nACTION(RETRY) RETRY(3)\n")
+
+    handler = run_handler()
+    output = handler.communicate(timeout=60)[0].decode()
+
+    assert handler.returncode == 0, output
+    assert where(message_id) == DLQ
+    failures = AuditEvent.objects.filter(action="dlq_action_failed", message_id=message_id)
+    assert failures.count() == 3
 
 
 @pytest.mark.slow

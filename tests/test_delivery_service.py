@@ -11,7 +11,6 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from django.db import connection
 from django.utils import timezone
 
 from broker.errors import IllegalTransition
@@ -20,7 +19,8 @@ from broker.services.delivery import _claim, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep
-from broker.services.transitions import message_purge, message_release
+from broker.services.transitions.blacklist import message_purge, message_release
+from broker.services.transitions.in_flight import messages_ack
 from tests.harness import database_url_for_workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,11 +103,7 @@ def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):
     lease(queue, 1, owner="host:1:777")
     Message.objects.filter(id=message_id).update(lease_owner="host:2:888")  # someone else's now
 
-    from broker.services.delivery import ACK_SQL
-
-    with connection.cursor() as cursor:
-        cursor.execute(ACK_SQL, {"ids": [message_id], "owner": "host:1:777"})
-        assert cursor.rowcount == 0
+    assert messages_ack(message_ids=[message_id], owner="host:1:777") == 0
     assert Message.objects.get(id=message_id).state == S.DELIVERING
 
 

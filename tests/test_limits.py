@@ -14,7 +14,8 @@ from broker.models import AuditEvent, Message, MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish, topic_publish
 from broker.services.queues import queue_create
 from broker.services.topics import subscription_create, topic_create
-from broker.services.transitions import message_dead_letter, message_forward, message_transition
+from broker.services.transitions.dead_lettered import message_forward
+from tests.walk import dead_lettered
 
 S = MessageState
 
@@ -194,13 +195,7 @@ def test_a_dead_letter_forward_into_a_full_reject_new_queue_still_lands(
     full = queue_create(name="FULL.Q", consumer="noop", max_messages=2)
     messages_publish(queue_name="FULL.Q", messages=[NewMessage(payload=b"x")] * 2)
     other = queue_create(name="OTHER.Q", consumer="noop")
-    [stray] = one(other.name)
-    message_transition(
-        message_id=stray,
-        to_state=S.DELIVERING,
-        changes={"lease_owner": "w", "lease_deadline": "2100-01-01T00:00:00Z"},
-    )
-    message_dead_letter(message_id=stray, reason="handler_error")
+    [stray] = dead_lettered(other, 1)
 
     message_forward(message_id=stray, queue_name="FULL.Q")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from broker.topics import TopicError, filter_levels, topic_levels, topic_matches
+from broker.topic_grammar import TopicError, filter_levels, topic_levels, topic_matches
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
 
-from broker.models import BulkJob, Queue, QueueKind, RuleTableStatus
-from broker.selectors import queues_with_due_messages
+from broker.models import BulkJob, Queue
+from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
@@ -107,9 +107,7 @@ def dispatch() -> None:
 @app.task(name="lazaretto.dead_letter_scan", ignore_result=True)
 def dead_letter_scan_all() -> None:
     """Process every dead-letter queue that has an active rules table."""
-    for queue in Queue.objects.filter(
-        kind=QueueKind.DEAD_LETTER, rule_tables__status=RuleTableStatus.ACTIVE
-    ):
+    for queue in queues_with_active_rules():
         result = dead_letter_scan(queue=queue)
         if result.acted or result.failed:
             logger.info(

@@ -16,7 +16,7 @@ from broker.errors import InvalidInput
 from broker.models import BulkJob, BulkJobStatus, Message, MessageState
 from broker.selectors import MessageFilter, filtered_messages
 from broker.services.audit import Actor, audit_record
-from broker.services.transitions import TRIAGE_ACTIONS, messages_triage
+from broker.services.transitions.blacklist import TRIAGE, TRIAGE_ACTIONS
 from broker.signals import bulk_job_submitted
 
 logger = logging.getLogger(__name__)
@@ -110,9 +110,7 @@ def bulk_job_run(*, job_id: int) -> BulkJob:
             if not ids:
                 break
             after = ids[-1]
-            acted = messages_triage(
-                action=job.action, message_ids=ids, actor=actor, reason=job.reason
-            )
+            acted = TRIAGE[job.action](message_ids=ids, actor=actor, reason=job.reason)
             job.done += len(acted)
             BulkJob.objects.filter(id=job.id).update(done=job.done)
     except Exception as error:

@@ -9,12 +9,14 @@ whose RETRY count is not yet used up for that message acts:
 * DISCARD deletes it (with an audit event);
 * IGNORE leaves it.
 
-An action fails when its target queue is missing, paused, full (a reject_new
-limit reached) or on another instance; the failure counts against that
-message and rule, and the message is looked at again after RETRYINT. With no
-rule left, the message is ignored. Each scan reads the queue once, in id
-order, in chunks locked with FOR UPDATE SKIP LOCKED: several handlers on one
-queue never act on the same message.
+An action fails when its target queue is missing, full (a reject_new limit
+reached) or on another instance; the failure counts against that message and
+rule, and the message is looked at again after RETRYINT. A paused target
+takes the message: pausing stops delivery, not arrivals. With no rule left,
+the message is ignored. Each scan reads the queue once, in id order, in
+chunks locked with FOR UPDATE SKIP LOCKED: several handlers on one queue
+never act on the same message. The messages themselves move through
+``broker.services.transitions.dead_lettered``.
 """
 
 from __future__ import annotations
@@ -23,25 +25,23 @@ import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from broker.models import (
-    AuditEvent,
-    DeadLetterAttempt,
-    Overflow,
-    Queue,
-    QueueKind,
-    RuleTable,
-    RuleTableStatus,
-)
+from broker.models import DeadLetterAttempt, Overflow, Queue, QueueKind, RuleTable
 from broker.rules import Rule, RulesTable, matching_rules, parse, reason_code
-from broker.selectors import live_count, queue_depths
-from broker.services.audit import SYSTEM_ACTOR
-from broker.signals import messages_available
+from broker.selectors import active_rule_table, live_count, queue_depths
+from broker.services.audit import AuditEntry, audit_record_many
+from broker.services.transitions.dead_lettered import (
+    messages_defer,
+    messages_discard,
+    messages_forward,
+    messages_retry_dead_lettered,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +54,6 @@ WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND available_at <= now() AND i
   AND updated_at <= %(started)s
 ORDER BY id LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
-"""
-_MOVE_SQL = """
-UPDATE broker_message
-SET queue_id = %(target)s, attempts = 0, crash_count = 0, suspect = false,
-    available_at = now(), updated_at = now(),
-    dead_letter = CASE WHEN %(keep_header)s THEN dead_letter ELSE NULL END
-WHERE id = ANY(%(ids)s)
-"""
-_LATER_SQL = """
-UPDATE broker_message SET available_at = now() + make_interval(secs => %(seconds)s)
-WHERE id = ANY(%(ids)s)
 """
 _COUNT_ATTEMPT_SQL = """
 INSERT INTO broker_deadletterattempt (message_id, rule_table_id, rule_number, attempts)
@@ -94,7 +83,7 @@ def _parsed(table_id: int, text: str) -> RulesTable:
 
 def active_table(queue: Queue) -> tuple[RuleTable, RulesTable] | None:
     """The queue's active table version and its parsed rules."""
-    row = RuleTable.objects.filter(queue=queue, status=RuleTableStatus.ACTIVE).first()
+    row = active_rule_table(queue=queue)
     if row is None:
         return None
     return row, _parsed(row.id, row.text)
@@ -161,32 +150,58 @@ class ScanResult:
         return self.retried + self.forwarded + self.discarded
 
 
+Used = dict[tuple[int, int], int]
+
+
+def applicable_rule(
+    table: RulesTable, attributes: dict[str, str | int], message_id: int, used: Used
+) -> tuple[int, Rule] | None:
+    """The first matching rule (numbered from 1) whose RETRY count is not used
+    up for this message; None means the message is ignored."""
+    for number, rule in matching_rules(table, attributes):
+        if used.get((message_id, number), 0) < rule.retry:
+            return number, rule
+    return None
+
+
 @dataclass
 class _Chunk:
     """What one chunk decided, written in a few set-based statements."""
 
-    moves: dict[tuple[int, bool], list[int]] = field(default_factory=lambda: defaultdict(list))
+    # Messages to move, by (action, target queue id, keep the header).
+    moves: dict[tuple[str, int, bool], list[int]] = field(default_factory=lambda: defaultdict(list))
     discards: list[int] = field(default_factory=list)
     later: list[int] = field(default_factory=list)
     failures: list[tuple[int, int]] = field(default_factory=list)
     # Messages ignored for the first time under this table (rule 0: no rule
     # matched or all were used up), so the audit log says so only once.
     first_ignores: list[tuple[int, int]] = field(default_factory=list)
-    events: list[AuditEvent] = field(default_factory=list)
+    events: list[AuditEntry] = field(default_factory=list)
     # Live depth of each target, counting this chunk's own moves.
     live: dict[int, int] = field(default_factory=dict)
 
 
 class _Targets:
-    """Target queues by name, loaded once per chunk."""
+    """Target queues by name (and id), loaded once per chunk."""
 
     def __init__(self) -> None:
         self._queues: dict[str, Queue | None] = {}
+        self.by_id: dict[int, Queue] = {}
 
     def get(self, name: str) -> Queue | None:
         if name not in self._queues:
-            self._queues[name] = Queue.objects.filter(name=name).first()
+            queue = Queue.objects.filter(name=name).first()
+            self._queues[name] = queue
+            if queue is not None:
+                self.by_id[queue.id] = queue
         return self._queues[name]
+
+
+def _scan_started() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        (started,) = cursor.fetchone() or (None,)
+    return started
 
 
 def dead_letter_scan(*, queue: Queue) -> ScanResult:
@@ -200,9 +215,7 @@ def dead_letter_scan(*, queue: Queue) -> ScanResult:
     after = 0
     # A scan covers the messages that arrived before it started; later ones
     # wait for the next scan, which reads the then active table.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        (started,) = cursor.fetchone() or (None,)
+    started = _scan_started()
     while True:
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -217,6 +230,30 @@ def dead_letter_scan(*, queue: Queue) -> ScanResult:
             _process_chunk(queue, row, table, messages, result)
 
 
+def _used(row: RuleTable, ids: list[int]) -> Used:
+    return {
+        (attempt.message_id, attempt.rule_number): attempt.attempts
+        for attempt in DeadLetterAttempt.objects.filter(rule_table=row, message_id__in=ids)
+    }
+
+
+def _attributes(
+    dead_letter: Any, headers: Any, content_type: str, put_application: str, put_user: str
+) -> dict[str, str | int] | None:
+    """The rules' view of a row (jsonb arrives as text through Django's
+    connection); None for a message without a dead-letter header."""
+    header = json.loads(dead_letter) if isinstance(dead_letter, str) else dead_letter
+    if not header:
+        return None
+    return message_attributes(
+        dead_letter=header,
+        headers=json.loads(headers) if isinstance(headers, str) else headers,
+        content_type=content_type,
+        put_application=put_application,
+        put_user=put_user,
+    )
+
+
 def _process_chunk(
     queue: Queue,
     row: RuleTable,
@@ -224,33 +261,21 @@ def _process_chunk(
     messages: list[tuple[Any, ...]],
     result: ScanResult,
 ) -> None:
-    ids = [message[0] for message in messages]
-    used: dict[tuple[int, int], int] = {
-        (attempt.message_id, attempt.rule_number): attempt.attempts
-        for attempt in DeadLetterAttempt.objects.filter(rule_table=row, message_id__in=ids)
-    }
+    used = _used(row, [message[0] for message in messages])
     chunk = _Chunk()
     targets = _Targets()
-    for message_id, dead_letter, headers, content_type, put_application, put_user in messages:
+    for message_id, *columns in messages:
         result.examined += 1
-        # Django has psycopg hand jsonb over as text.
-        header = json.loads(dead_letter) if dead_letter else None
-        if not header:
+        attributes = _attributes(*columns)
+        if attributes is None:
             result.without_header += 1
             logger.warning(
                 "message %s on %s has no dead-letter header; left", message_id, queue.name
             )
             chunk.later.append(message_id)
             continue
-        attributes = message_attributes(
-            dead_letter=header,
-            headers=json.loads(headers),
-            content_type=content_type,
-            put_application=put_application,
-            put_user=put_user,
-        )
         _decide(queue, row, table, message_id, attributes, used, chunk, targets, result)
-    _write(queue, row, table, chunk)
+    _write(row, table, chunk, targets)
 
 
 def _decide(
@@ -259,44 +284,36 @@ def _decide(
     table: RulesTable,
     message_id: int,
     attributes: dict[str, str | int],
-    used: dict[tuple[int, int], int],
+    used: Used,
     chunk: _Chunk,
     targets: _Targets,
     result: ScanResult,
 ) -> None:
-    """Take the first matching rule with tries left; at most one try per scan."""
-    for number, rule in matching_rules(table, attributes):
-        if used.get((message_id, number), 0) >= rule.retry:
-            continue
-        problem = _act(rule, message_id, attributes, chunk, targets)
-        if problem is None:
-            _count(rule, result)
-            if rule.action == "IGNORE":
-                _ignore(queue, row, number, message_id, used, chunk)
-            else:
-                action = f"dlq_{rule.action.lower()}"
-                chunk.events.append(_event(queue, row, number, message_id, action, _describe(rule)))
-            return
+    """Take the first applicable rule; at most one try per scan."""
+    applicable = applicable_rule(table, attributes, message_id, used)
+    if applicable is None:
+        result.ignored += 1
+        _ignore(queue, row, 0, message_id, used, chunk)
+        return
+    number, rule = applicable
+    problem = _act(rule, message_id, attributes, chunk, targets)
+    if problem is not None:
         result.failed += 1
         chunk.failures.append((message_id, number))
         chunk.later.append(message_id)
-        chunk.events.append(
-            _event(
-                queue, row, number, message_id, "dlq_action_failed", f"{_describe(rule)}: {problem}"
-            )
-        )
+        what = f"{_describe(rule)}: {problem}"
+        chunk.events.append(_event(queue, row, number, message_id, "dlq_action_failed", what))
         return
-    result.ignored += 1
-    _ignore(queue, row, 0, message_id, used, chunk)
+    _count(rule, result)
+    if rule.action == "IGNORE":
+        _ignore(queue, row, number, message_id, used, chunk)
+    else:
+        action = f"dlq_{rule.action.lower()}"
+        chunk.events.append(_event(queue, row, number, message_id, action, _describe(rule)))
 
 
 def _ignore(
-    queue: Queue,
-    row: RuleTable,
-    number: int,
-    message_id: int,
-    used: dict[tuple[int, int], int],
-    chunk: _Chunk,
+    queue: Queue, row: RuleTable, number: int, message_id: int, used: Used, chunk: _Chunk
 ) -> None:
     """Leave the message for RETRYINT; say so once per message and table."""
     chunk.later.append(message_id)
@@ -345,10 +362,12 @@ def _act(
     if manager and manager != settings.LAZARETTO_INSTANCE_NAME:
         return f"queue manager {manager} is not this instance"
     target = targets.get(name)
-    problem = _unavailable(name, target, chunk)
-    if problem is not None or target is None:
+    if target is None:
+        return f"queue {name or '(none)'} does not exist"
+    problem = _full(target, chunk)
+    if problem is not None:
         return problem
-    chunk.moves[(target.id, keep_header)].append(message_id)
+    chunk.moves[(rule.action, target.id, keep_header)].append(message_id)
     chunk.live[target.id] += 1
     return None
 
@@ -358,24 +377,22 @@ def _resolve(value: str, attributes: dict[str, str | int]) -> str:
     return str(attributes[value[1:]]) if value.startswith("&") else value
 
 
-def _unavailable(name: str, target: Queue | None, chunk: _Chunk) -> str | None:
-    if target is None:
-        return f"queue {name or '(none)'} does not exist"
-    if target.paused:
-        return f"queue {name} is paused"
+def _full(target: Queue, chunk: _Chunk) -> str | None:
+    """Why a reject_new target at its limit cannot take one more message, as
+    runmqdlq treats a full queue (MQRC_Q_FULL): the action fails and is
+    tried again after RETRYINT."""
     if target.id not in chunk.live:
         chunk.live[target.id] = live_count(queue_depths(queue_ids=[target.id])[target.id])
     full = target.max_messages is not None and target.overflow == Overflow.REJECT_NEW
     if full and chunk.live[target.id] >= (target.max_messages or 0):
-        return f"queue {name} is full ({target.max_messages} messages, reject_new)"
+        return f"queue {target.name} is full ({target.max_messages} messages, reject_new)"
     return None
 
 
 def _event(
     queue: Queue, row: RuleTable, number: int, message_id: int, action: str, what: str
-) -> AuditEvent:
-    return AuditEvent(
-        actor_name=SYSTEM_ACTOR,
+) -> AuditEntry:
+    return AuditEntry(
         action=action,
         queue_name=queue.name,
         message_id=message_id,
@@ -384,17 +401,19 @@ def _event(
     )
 
 
-def _write(queue: Queue, row: RuleTable, table: RulesTable, chunk: _Chunk) -> None:
+def _write(row: RuleTable, table: RulesTable, chunk: _Chunk, targets: _Targets) -> None:
     """Apply one chunk's decisions; the caller's transaction holds the rows."""
-    gone: list[int] = list(chunk.discards)
+    for (action, target_id, keep_header), ids in chunk.moves.items():
+        target = targets.by_id[target_id]
+        if action == "RETRY":
+            messages_retry_dead_lettered(message_ids=ids, target=target)
+        else:
+            messages_forward(message_ids=ids, target=target, keep_header=keep_header)
+    if chunk.discards:
+        messages_discard(message_ids=chunk.discards)
+    if chunk.later:
+        messages_defer(message_ids=chunk.later, seconds=table.control.retryint)
     with connection.cursor() as cursor:
-        for (target_id, keep_header), ids in chunk.moves.items():
-            cursor.execute(_MOVE_SQL, {"target": target_id, "keep_header": keep_header, "ids": ids})
-            gone += ids
-        if chunk.discards:
-            cursor.execute("DELETE FROM broker_message WHERE id = ANY(%s)", [chunk.discards])
-        if chunk.later:
-            cursor.execute(_LATER_SQL, {"seconds": table.control.retryint, "ids": chunk.later})
         for sql, marks in (
             (_COUNT_ATTEMPT_SQL, chunk.failures),
             (_MARK_IGNORED_SQL, chunk.first_ignores),
@@ -404,10 +423,45 @@ def _write(queue: Queue, row: RuleTable, table: RulesTable, chunk: _Chunk) -> No
                 cursor.execute(
                     sql, {"table": row.id, "ids": list(message_ids), "rules": list(rules)}
                 )
-    if gone:
-        DeadLetterAttempt.objects.filter(message_id__in=gone).delete()
-    AuditEvent.objects.bulk_create(chunk.events)
-    for (target_id, _), ids in chunk.moves.items():
-        target = Queue.objects.get(id=target_id)
-        if target.kind == QueueKind.STANDARD:
-            messages_available.send(sender=Queue, queue=target, count=len(ids))
+    audit_record_many(entries=chunk.events)
+
+
+# Every waiting message of a dead-letter queue, deferred or not, read without
+# locks: what the handler could still do to them.
+_WAITING_SQL = """
+SELECT id, dead_letter, headers, content_type, put_application, put_user, available_at
+FROM broker_message
+WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+"""
+
+
+def dead_letter_next_due(*, queue: Queue) -> datetime | None:
+    """When the handler next has something to do on ``queue``: the earliest
+    time a waiting message with a rule still to try is due (it may be now),
+    or None when every message has been acted on or has used up every
+    matching rule (or is ignored). This is what runmqdlq's WAIT(NO) waits
+    for before it ends."""
+    active = active_table(queue)
+    if active is None:
+        return None
+    row, table = active
+    earliest: datetime | None = None
+    after = 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(_WAITING_SQL, {"queue_id": queue.id, "after": after, "limit": CHUNK})
+            messages = cursor.fetchall()
+        if not messages:
+            return earliest
+        after = messages[-1][0]
+        used = _used(row, [message[0] for message in messages])
+        for message_id, *columns, available_at in messages:
+            attributes = _attributes(*columns)
+            if attributes is None:
+                continue
+            applicable = applicable_rule(table, attributes, message_id, used)
+            if applicable is None or applicable[1].action == "IGNORE":
+                continue
+            if earliest is None or available_at < earliest:
+                earliest = available_at

@@ -17,7 +17,6 @@ settlement are two short transactions: two commits per batch.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -26,42 +25,26 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from broker.consumers import Delivery, FormatError, Handler, consumer_for
-from broker.errors import IllegalTransition
 from broker.models import Queue, QueueKind
-from broker.services.quarantine import messages_quarantine
 from broker.services.stats import minute_count
-from broker.services.transitions import message_dead_letter
+from broker.services.transitions.in_flight import (
+    Claimed,
+    DeadLetterCause,
+    Retry,
+    messages_ack,
+    messages_claim,
+    messages_dead_letter,
+    messages_retry,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
-
-# Claims lock the due rows with SKIP LOCKED so concurrent workers of one queue
-# never wait for each other or claim the same message, mark them DLNG under
-# this worker's lease and count the attempt. Index: message_ready_idx, or
-# message_suspect_idx for a suspect.
-CLAIM_SQL = """
-WITH due AS (
-    SELECT id FROM broker_message
-    WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND available_at <= now()
-      AND suspect = %(suspect)s
-    ORDER BY priority DESC, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE broker_message AS m
-SET state = 'DLNG', lease_owner = %(owner)s,
-    lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
-    attempts = m.attempts + 1, updated_at = now()
-FROM due WHERE m.id = due.id
-RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
-"""
 
 # A suspect may go when the queue's throttle allows and no other suspect of
 # the queue is in flight. The unique index message_one_suspect_in_flight makes
@@ -85,28 +68,6 @@ SET suspect_next_at = now() + make_interval(secs => suspect_delay_seconds)
 WHERE id = %(queue_id)s
 """
 
-# Settlement only touches rows this lease still owns: if the sweeper already
-# took a message back (lease expired), the late answer is dropped.
-# Joined on the ids (primary key lookups) rather than "id = ANY(…)", which
-# the planner may combine with a scan of message_in_flight_idx and its dead
-# entries.
-ACK_SQL = """
-UPDATE broker_message AS m
-SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[]) AS a(id)
-WHERE m.id = a.id AND m.state = 'DLNG' AND m.lease_owner = %(owner)s
-"""
-
-_RETRY_SQL = """
-UPDATE broker_message AS m
-SET state = 'TBDL', lease_owner = '', lease_deadline = NULL,
-    available_at = now() + make_interval(secs => r.delay), last_error = r.error,
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(delays)s::float8[], %(errors)s::text[]) AS r(id, delay, error)
-WHERE m.id = r.id AND m.state = 'DLNG' AND m.lease_owner = %(owner)s
-"""
-
 
 @dataclass
 class Outcome:
@@ -118,16 +79,6 @@ class Outcome:
     dead_lettered: int = 0
     isolated: bool = False
     lease_seconds: int = 0
-
-
-@dataclass(frozen=True)
-class _Claimed:
-    id: int
-    priority: int
-    payload: bytes
-    content_type: str
-    headers: dict[str, str]
-    attempts: int
 
 
 def task_time_limit(lease_seconds: int) -> int:
@@ -211,7 +162,7 @@ def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
         return courier.deliver() if courier else Outcome()
 
 
-def _claim_suspect(queue: Queue, owner: str) -> list[_Claimed]:
+def _claim_suspect(queue: Queue, owner: str) -> list[Claimed]:
     """One due crash suspect, if the queue may deliver one now."""
     with connection.cursor() as cursor:
         cursor.execute(_SUSPECT_READY_SQL, {"queue_id": queue.id})
@@ -224,30 +175,17 @@ def _claim_suspect(queue: Queue, owner: str) -> list[_Claimed]:
         return []
 
 
-def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[_Claimed]:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            CLAIM_SQL,
-            {
-                "queue_id": queue.id,
-                "suspect": suspect,
-                "limit": limit,
-                "owner": owner,
-                "lease_seconds": task_time_limit(queue.lease_seconds)
-                + settings.LAZARETTO_LEASE_GRACE_SECONDS,
-            },
-        )
-        rows = cursor.fetchall()
-    # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
-    claimed = [
-        _Claimed(id, priority, payload, content_type, json.loads(headers), attempts)
-        for id, priority, payload, content_type, headers, attempts in rows
-    ]
-    claimed.sort(key=lambda message: (-message.priority, message.id))
-    return claimed
+def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[Claimed]:
+    return messages_claim(
+        queue_id=queue.id,
+        owner=owner,
+        lease_seconds=task_time_limit(queue.lease_seconds) + settings.LAZARETTO_LEASE_GRACE_SECONDS,
+        limit=limit,
+        suspect=suspect,
+    )
 
 
-def _deliver(handler: Handler, queue: Queue, message: _Claimed, isolated: bool) -> Exception | None:
+def _deliver(handler: Handler, queue: Queue, message: Claimed, isolated: bool) -> Exception | None:
     """Call the consumer; None means acknowledged, else the error it raised."""
     delivery = Delivery(
         message_id=message.id,
@@ -277,52 +215,33 @@ def _describe(error: Exception) -> str:
 def _settle(
     queue: Queue,
     owner: str,
-    batch: list[_Claimed],
+    batch: list[Claimed],
     results: list[Exception | None],
     outcome: Outcome,
 ) -> None:
     """Record every answer of the batch in one transaction."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
-    retry: list[tuple[int, float, str]] = []
-    dead: list[tuple[int, str, str]] = []
+    retries: list[Retry] = []
+    dead: dict[int, DeadLetterCause] = {}
     for message, error in zip(batch, results, strict=True):
         if error is None:
             continue
         if isinstance(error, FormatError):
-            dead.append((message.id, "format_error", _describe(error)))
+            dead[message.id] = DeadLetterCause("format_error", _describe(error))
         elif message.attempts <= queue.retry_limit:
-            retry.append((message.id, _backoff(queue, message.attempts), _describe(error)))
+            retries.append(Retry(message.id, _backoff(queue, message.attempts), _describe(error)))
         else:
-            dead.append((message.id, "handler_error", _describe(error)))
-    with transaction.atomic(), connection.cursor() as cursor:
+            dead[message.id] = DeadLetterCause("handler_error", _describe(error))
+    with transaction.atomic():
         if outcome.isolated:
             # First: the queue row before any message (and so any depth
             # counter), the lock order limited publishers use too.
-            cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
+            with connection.cursor() as cursor:
+                cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
         if acked:
-            cursor.execute(ACK_SQL, {"ids": acked, "owner": owner})
-            outcome.acked = cursor.rowcount
-        if retry:
-            ids, delays, errors = (list(column) for column in zip(*retry, strict=True))
-            params: dict[str, Any] = {"ids": ids, "delays": delays, "errors": errors}
-            cursor.execute(_RETRY_SQL, {**params, "owner": owner})
-            outcome.retried = cursor.rowcount
-        for message_id, reason, error_text in dead:
-            outcome.dead_lettered += _dead_letter(queue, owner, message_id, reason, error_text)
+            outcome.acked = messages_ack(message_ids=acked, owner=owner)
+        outcome.retried = messages_retry(retries=retries, owner=owner)
+        outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
     lost = len(batch) - outcome.acked - outcome.retried - outcome.dead_lettered
     if lost:
         logger.warning("%s: %s message(s) of the batch were taken back by the sweeper", owner, lost)
-
-
-def _dead_letter(queue: Queue, owner: str, message_id: int, reason: str, error_text: str) -> int:
-    """Move one message on; a queue without a dead-letter queue blacklists it."""
-    if queue.dead_letter_queue_id is None:
-        why = f"{reason}, and queue {queue.name} has no dead-letter queue: {error_text}"
-        return len(messages_quarantine(reasons={message_id: why}))
-    try:
-        message_dead_letter(
-            message_id=message_id, reason=reason, error=error_text, lease_owner=owner
-        )
-    except IllegalTransition:
-        return 0  # the sweeper took it back first
-    return 1

@@ -21,16 +21,14 @@ lower the depth. ``NO KEY`` leaves the foreign-key checks of other writers
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connection
-from django.utils import timezone
 
 from broker.errors import MaxMessagesReached
-from broker.models import AuditEvent, Overflow, Queue
-from broker.services.audit import SYSTEM_ACTOR
+from broker.models import Overflow, Queue
+from broker.services.transitions.discards import messages_discard_old
 
 
 @dataclass(frozen=True)
@@ -99,26 +97,6 @@ def refuse_if_full(limits: Iterable[Limit], depths: dict[int, int], incoming: in
             )
 
 
-# The oldest waiting messages of a queue; SKIP LOCKED leaves a message that a
-# worker is claiming right now to that worker. Index: message_waiting_idx.
-_OLDEST_WAITING = """
-SELECT id FROM broker_message
-WHERE queue_id = %(queue_id)s AND state = 'TBDL'
-ORDER BY id LIMIT %(excess)s
-FOR UPDATE SKIP LOCKED
-"""
-# Both compose constant SQL only.
-_DELETE_SQL = f"DELETE FROM broker_message WHERE id IN ({_OLDEST_WAITING}) RETURNING id"  # noqa: S608
-_DEAD_LETTER_SQL = f"""
-UPDATE broker_message
-SET queue_id = %(dead_letter_queue_id)s, updated_at = now(),
-    dead_letter = %(header)s::jsonb || jsonb_build_object(
-        'put_application', put_application, 'put_user', put_user, 'format', content_type)
-WHERE id IN ({_OLDEST_WAITING})
-RETURNING id
-"""  # noqa: S608
-
-
 def discard_excess(limits: Iterable[Limit]) -> dict[str, list[int]]:
     """After a publish landed, with the queues still locked by
     ``lock_and_measure``: bring each ``discard_old`` queue back to its limit
@@ -137,43 +115,14 @@ def discard_excess(limits: Iterable[Limit]) -> dict[str, list[int]]:
         assert limit.max_messages is not None
         excess = depths[limit.queue.id] - limit.max_messages
         if excess > 0:
-            discarded[limit.owner] = _discard(limit, excess)
-    return discarded
-
-
-def _discard(limit: Limit, excess: int) -> list[int]:
-    queue = limit.queue
-    reason = f"discard_old: {limit.owner} was past its limit of {limit.max_messages} messages"
-    to_dead_letter = limit.discard_to_dead_letter and queue.dead_letter_queue_id is not None
-    with connection.cursor() as cursor:
-        if to_dead_letter:
-            header = {
-                "reason": "discarded_old",
-                "original_queue": queue.name,
-                "time": timezone.now().isoformat(),
-                "error": reason,
-            }
-            cursor.execute(
-                _DEAD_LETTER_SQL,
-                {
-                    "queue_id": queue.id,
-                    "excess": excess,
-                    "dead_letter_queue_id": queue.dead_letter_queue_id,
-                    "header": json.dumps(header),
-                },
+            discarded[limit.owner] = messages_discard_old(
+                queue=limit.queue,
+                excess=excess,
+                to_dead_letter=limit.discard_to_dead_letter,
+                reason=(
+                    f"discard_old: {limit.owner} was past its limit of "
+                    f"{limit.max_messages} messages"
+                ),
+                subscription=limit.subscription,
             )
-        else:
-            cursor.execute(_DELETE_SQL, {"queue_id": queue.id, "excess": excess})
-        ids = sorted(message_id for (message_id,) in cursor.fetchall())
-    AuditEvent.objects.bulk_create(
-        AuditEvent(
-            actor_name=SYSTEM_ACTOR,
-            action="message_discard_dead_letter" if to_dead_letter else "message_discard",
-            queue_name=queue.name,
-            message_id=message_id,
-            reason=reason,
-            details={"subscription": limit.subscription} if limit.subscription else {},
-        )
-        for message_id in ids
-    )
-    return ids
+    return discarded

@@ -16,25 +16,21 @@ from psycopg.types.json import Jsonb
 
 from broker.errors import (
     BatchTooLarge,
-    IllegalTransition,
     InvalidInput,
-    MessageNotFound,
     PayloadTooLarge,
     QueueIsDeadLetter,
     QueueNotFound,
     TopicNotFound,
 )
-from broker.models import Message, MessageState, Queue, Topic
-from broker.services.audit import Actor, audit_record
+from broker.models import MessageState, Queue, Topic
 from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
 from broker.signals import messages_available
-from broker.topics import TopicError, is_under, topic_levels, topic_matches
+from broker.topic_grammar import TopicError, is_under, topic_levels, topic_matches
 
 MAX_HEADERS = 64
 MAX_HEADER_NAME_LENGTH = 128
 MAX_HEADERS_JSON_BYTES = 16 * 1024
 MAX_DELAY_SECONDS = 15 * 60
-RESUBMITTED_FROM = "lazaretto-resubmitted-from"
 
 
 @dataclass(frozen=True)
@@ -315,59 +311,3 @@ def copy_messages(
                 )
             )
     return list(ids)
-
-
-@transaction.atomic
-def message_resubmit(
-    *,
-    message_id: int,
-    queue_name: str,
-    payload: bytes,
-    content_type: str,
-    headers: Mapping[str, str],
-    priority: int,
-    actor: Actor = None,
-) -> int:
-    """Publish an operator's corrected copy of a blacklisted or dead-lettered
-    message as a new message (validation and limits apply as for any
-    publish). The original stays as it is; both carry a link to the other in
-    the audit log, and the copy a ``lazaretto-resubmitted-from`` header."""
-    original = Message.objects.select_related("queue").filter(id=message_id).first()
-    if original is None:
-        raise MessageNotFound(f"There is no message {message_id}.")
-    if original.state != MessageState.NOT_DELIVERABLE and not original.queue.is_dead_letter:
-        raise IllegalTransition(
-            f"Message {message_id} is {original.state} on {original.queue.name}; only blacklisted "
-            "or dead-lettered messages are resubmitted."
-        )
-    user = actor.get_username() if actor is not None and actor.is_authenticated else ""
-    [copy_id] = messages_publish(
-        queue_name=queue_name,
-        messages=[
-            NewMessage(
-                payload=payload,
-                content_type=content_type,
-                headers={**headers, RESUBMITTED_FROM: str(message_id)},
-                priority=priority,
-            )
-        ],
-        put_user=user,
-        put_application="console",
-    )
-    audit_record(
-        action="message_resubmit",
-        actor=actor,
-        queue_name=queue_name,
-        message_id=message_id,
-        reason=f"resubmitted as message {copy_id}",
-        details={"copy": copy_id},
-    )
-    audit_record(
-        action="message_resubmitted_copy",
-        actor=actor,
-        queue_name=queue_name,
-        message_id=copy_id,
-        reason=f"corrected copy of message {message_id}",
-        details={"original": message_id},
-    )
-    return copy_id

@@ -9,8 +9,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
-from broker.models import Message, MessageState, Queue, QueueDepth, QueueKind
+from broker.models import MessageState, Queue, QueueDepth, QueueKind
 from broker.services.audit import Actor, audit_record
+from broker.services.transitions.discards import messages_purge_waiting
 
 # Settings an operator may change after creation, in the order forms and the
 # API show them. The name is fixed: other queues, rules tables and
@@ -185,7 +186,7 @@ def queue_purge(*, queue: Queue, confirmation: str, actor: Actor = None) -> int:
             "Type the queue's name to confirm.",
             field_errors={"confirmation": [f"Type {queue.name} exactly to purge it."]},
         )
-    deleted, _ = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED).delete()
+    deleted = messages_purge_waiting(queue_id=queue.id)
     audit_record(
         action="queue_purge", actor=actor, queue_name=queue.name, details={"deleted": deleted}
     )

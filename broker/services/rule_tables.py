@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -21,8 +21,10 @@ from broker.errors import (
 )
 from broker.models import Queue, QueueKind, RuleTable, RuleTableStatus
 from broker.rules import matching_rules, parse, validation_report
+from broker.selectors import active_rule_table
 from broker.services.audit import Actor, audit_record
 from broker.services.dead_letters import message_attributes
+from broker.services.transitions.dead_lettered import messages_wake_deferred
 
 MAX_TEXT = 200_000
 SAMPLES = 5
@@ -124,12 +126,7 @@ def rule_table_activate(*, table: RuleTable, actor: Actor = None) -> RuleTable:
     table.status = RuleTableStatus.ACTIVE
     table.activated_at = timezone.now()
     table.save(update_fields=["status", "activated_at"])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE broker_message SET available_at = now()"
-            " WHERE queue_id = %s AND state = 'TBDL' AND available_at > now()",
-            [table.queue_id],
-        )
+    messages_wake_deferred(queue_id=table.queue_id)
     audit_record(
         action="rule_table_activate",
         actor=actor,
@@ -139,9 +136,19 @@ def rule_table_activate(*, table: RuleTable, actor: Actor = None) -> RuleTable:
     return table
 
 
+@transaction.atomic
+def rule_table_create_and_activate(*, queue: Queue, text: str, actor: Actor = None) -> RuleTable:
+    """A new version of ``queue``'s rules table, active at once; an empty
+    text or a table with errors stores nothing (``InvalidInput``,
+    ``RulesInvalid``)."""
+    table = rule_table_create(queue=queue, text=text, actor=actor)
+    return rule_table_activate(table=table, actor=actor)
+
+
+@transaction.atomic
 def rule_table_rollback(*, queue: Queue, actor: Actor = None) -> RuleTable:
     """Re-activate the version that was active before the current one."""
-    current = RuleTable.objects.filter(queue=queue, status=RuleTableStatus.ACTIVE).first()
+    current = active_rule_table(queue=queue)
     previous = (
         RuleTable.objects.filter(
             queue=queue, status=RuleTableStatus.RETIRED, activated_at__isnull=False

@@ -12,34 +12,16 @@ threshold, or whose attempts reach its poison limit, is blacklisted instead.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
 from broker.models import Message
 from broker.services.delivery import lease_token
-from broker.services.quarantine import messages_quarantine, quarantine_reasons
 from broker.services.stats import minute_count
-
-# SKIP LOCKED: a row another transaction is settling right now (an ack in
-# progress, another sweeper) is left for the next sweep instead of waited on.
-# Index: message_in_flight_idx (state = 'DLNG').
-_REQUEUE_SQL = """
-WITH crashed AS (
-    SELECT id, lease_owner = ANY(%(dead)s) AS died
-    FROM broker_message
-    WHERE state = 'DLNG' AND (lease_deadline < now() OR lease_owner = ANY(%(dead)s))
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE broker_message AS m
-SET state = 'TBDL', suspect = true, crash_count = m.crash_count + 1,
-    lease_owner = '', lease_deadline = NULL, updated_at = now(), available_at = now(),
-    last_error = CASE WHEN c.died THEN 'the delivering worker died'
-                      ELSE 'the delivery outlived its lease' END
-FROM crashed AS c, broker_queue AS q
-WHERE m.id = c.id AND q.id = m.queue_id
-RETURNING m.id, m.crash_count, m.attempts, q.crash_threshold, q.poison_limit
-"""
+from broker.services.transitions.blacklist import messages_quarantine
+from broker.services.transitions.in_flight import Crashed, messages_requeue_crashed
 
 
 @dataclass
@@ -75,15 +57,33 @@ def dead_lease_owners() -> list[str]:
     return [owner for owner, token in tokens.items() if token is None or token in free]
 
 
+def quarantine_reasons(crashed: Sequence[Crashed]) -> dict[int, str]:
+    """The requeued messages that are poison, and why: their consumer crashed
+    ``crash_threshold`` times, or they were delivered ``poison_limit`` times
+    without an acknowledgement."""
+    reasons: dict[int, str] = {}
+    for message in crashed:
+        if message.crash_count >= message.crash_threshold:
+            reasons[message.id] = (
+                f"its consumer crashed {message.crash_count} times while delivering it "
+                f"(crash threshold {message.crash_threshold})"
+            )
+        elif message.attempts >= message.poison_limit:
+            reasons[message.id] = (
+                f"delivered {message.attempts} times without an acknowledgement "
+                f"(poison limit {message.poison_limit})"
+            )
+    return reasons
+
+
 def messages_sweep() -> SweepResult:
-    """DLNG -> TBDL (suspect, crash_count + 1) for every crashed delivery, or
-    DLNG -> NDLV when the crash threshold or poison limit is reached."""
+    """Requeue every crashed delivery as a suspect, and blacklist those that
+    reached their crash threshold or poison limit, in one transaction."""
     dead = dead_lease_owners()
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_REQUEUE_SQL, {"dead": dead})
-        rows = cursor.fetchall()
-        quarantined = messages_quarantine(reasons=quarantine_reasons(rows))
-    requeued = sorted({row[0] for row in rows} - set(quarantined))
+    with transaction.atomic():
+        crashed = messages_requeue_crashed(dead_owners=dead)
+        quarantined = messages_quarantine(reasons=quarantine_reasons(crashed))
+    requeued = sorted({message.id for message in crashed} - set(quarantined))
     if quarantined:
         for queue_id, count in Counter(
             Message.objects.filter(id__in=quarantined).values_list("queue_id", flat=True)

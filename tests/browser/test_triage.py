@@ -12,8 +12,8 @@ from pytest_django.live_server_helper import LiveServer
 
 from broker.models import Message, Queue
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
 from broker.services.queues import queue_create, queue_update
+from broker.services.transitions.blacklist import messages_quarantine
 from tests.browser.conftest import login
 from tests.harness import wait_until
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from broker.errors import BrokerError
-from broker.models import RuleTable, RuleTableStatus
 from broker.rules import export, parse, validation_report
-from broker.services.dead_letters import ScanResult, active_table, dead_letter_scan
+from broker.selectors import active_rule_table, rule_table_version
+from broker.services.dead_letters import (
+    ScanResult,
+    active_table,
+    dead_letter_next_due,
+    dead_letter_scan,
+)
 from broker.services.queues import queue_get
-from broker.services.rule_tables import rule_table_activate, rule_table_create
+from broker.services.rule_tables import rule_table_create, rule_table_create_and_activate
 
 IDLE_POLL_SECONDS = 1.0
 
@@ -67,30 +74,32 @@ class Command(BaseCommand):
             raise SystemExit(1)
 
     def _import(self, *, file: Path, queue: str, activate: bool = False, **options: Any) -> None:
-        table = rule_table_create(queue=queue_get(name=queue), text=self._read(file))
-        self.stdout.write(f"{queue}: stored version {table.version} as a draft")
+        target, text = queue_get(name=queue), self._read(file)
         if activate:
-            rule_table_activate(table=table)
-            self.stdout.write(f"{queue}: version {table.version} is active")
+            table = rule_table_create_and_activate(queue=target, text=text)
+            self.stdout.write(f"{queue}: stored version {table.version}; it is active")
+        else:
+            table = rule_table_create(queue=target, text=text)
+            self.stdout.write(f"{queue}: stored version {table.version} as a draft")
 
     def _export(self, *, queue: str, version: int | None = None, **options: Any) -> None:
-        tables = RuleTable.objects.filter(queue=queue_get(name=queue))
+        source = queue_get(name=queue)
         table = (
-            tables.filter(version=version)
+            rule_table_version(queue=source, version=version)
             if version
-            else tables.filter(status=RuleTableStatus.ACTIVE)
-        ).first()
+            else active_rule_table(queue=source)
+        )
         if table is None:
-            raise CommandError(
-                f"{queue} has no {'version ' + str(version) if version else 'active'} rules table"
-            )
+            raise CommandError(f"{queue} has no active rules table")
         parsed = parse(table.text).table
         self.stdout.write(export(parsed) if parsed else table.text, ending="")
 
     def _run(self, *, queue: str, once: bool = False, **options: Any) -> None:
-        """Scan until nothing is processable (WAIT(NO)), for WAIT(n) idle
-        seconds, or for ever (WAIT(YES)); re-reading the active table at every
-        scan, so activating a new version needs no restart."""
+        """Scan, re-reading the active table every time (activating a new
+        version needs no restart), until the table's WAIT says to stop:
+        WAIT(NO) when nothing is left that a rule could still act on,
+        WAIT(n) after n seconds of that, WAIT(YES) never. Messages whose
+        action failed are scanned again when RETRYINT makes them due."""
         dead_letter_queue = queue_get(name=queue)
         idle_since = time.monotonic()
         while True:
@@ -100,11 +109,12 @@ class Command(BaseCommand):
                 return
             active = active_table(dead_letter_queue)
             wait = active[1].control.wait if active else True
-            if result.acted:
+            next_due = None if wait is True else dead_letter_next_due(queue=dead_letter_queue)
+            if result.acted or next_due is not None:
                 idle_since = time.monotonic()
             elif wait is False or (wait is not True and time.monotonic() - idle_since >= wait):
                 return
-            time.sleep(IDLE_POLL_SECONDS)
+            time.sleep(_pause(next_due))
 
     def _report(self, queue: str, result: ScanResult) -> None:
         if result.examined:
@@ -114,3 +124,10 @@ class Command(BaseCommand):
                 f"ignored {result.ignored}, failed {result.failed}, "
                 f"without header {result.without_header}"
             )
+
+
+def _pause(next_due: datetime | None) -> float:
+    """Until the next message is due, polling at least every IDLE_POLL_SECONDS."""
+    if next_due is None:
+        return IDLE_POLL_SECONDS
+    return max(0.05, min(IDLE_POLL_SECONDS, (next_due - timezone.now()).total_seconds()))

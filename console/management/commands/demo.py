@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import json
 import secrets
-from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 from django.db import transaction
-from django.utils import timezone
 
-from broker.models import MessageState, Queue
+from broker.models import Message, MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_create
-from broker.services.transitions import (
-    message_ack,
-    message_dead_letter,
-    message_fail,
-    message_transition,
+from broker.services.sweeper import messages_sweep
+from broker.services.transitions.blacklist import message_fail
+from broker.services.transitions.in_flight import (
+    DeadLetterCause,
+    messages_ack,
+    messages_claim,
+    messages_dead_letter,
 )
 from console.roles import GROUP_ROLES
+
+# A lease owner without a lease lock: to the sweeper, a worker that died.
+DEMO_WORKER = "demo-worker"
 
 QUEUES: list[dict[str, Any]] = [
     {
@@ -82,7 +85,7 @@ class Command(BaseCommand):
     def _load_messages(self) -> None:
         for spec in QUEUES:
             queue_create(**spec)
-        orders = messages_publish(
+        messages_publish(
             queue_name="ORDERS.IN",
             messages=[
                 NewMessage(
@@ -97,7 +100,7 @@ class Command(BaseCommand):
             ],
             put_application="webshop",
         )
-        payments = messages_publish(
+        messages_publish(
             queue_name="PAYMENTS.IN",
             messages=[
                 NewMessage(
@@ -120,32 +123,34 @@ class Command(BaseCommand):
             ],
             put_application="shipping",
         )
-        # Walk some messages through the state machine as a worker would.
-        for message_id in orders[:80] + payments[:20]:
-            self._deliver(message_id)
-            message_ack(message_id=message_id)
-        for message_id in orders[80:85] + payments[20:23]:
-            self._deliver(message_id)
-            message_transition(
-                message_id=message_id,
-                to_state=MessageState.NOT_DELIVERABLE,
-                changes={
-                    "crash_count": 2,
-                    "suspect": True,
-                    "lease_deadline": None,
-                    "lease_owner": "",
-                },
+        # Walk some messages through the state machine as workers would:
+        # delivered, crashed twice (so blacklisted, with a dump file), failed
+        # by an operator, dead-lettered, and in flight.
+        orders_queue = Queue.objects.get(name="ORDERS.IN")
+        payments_queue = Queue.objects.get(name="PAYMENTS.IN")
+        for queue, count in ((orders_queue, 80), (payments_queue, 20)):
+            messages_ack(message_ids=_claim(queue, count), owner=DEMO_WORKER)
+        for queue, count in ((orders_queue, 5), (payments_queue, 3)):
+            _claim(queue, count)
+            messages_sweep()  # the demo worker holds no lease lock: a crash
+            for _ in range(count):
+                _claim(queue, 1, suspect=True)
+                messages_sweep()  # the second crash blacklists the suspect
+        rejected = Message.objects.filter(queue=orders_queue, state=MessageState.NOT_DELIVERABLE)
+        message_fail(
+            message_id=rejected.earliest("id").id,
+            actor=None,
+            reason="demo: consumer rejects this SKU",
+        )
+        for queue, count in ((orders_queue, 5), (payments_queue, 3)):
+            messages_dead_letter(
+                causes=dict.fromkeys(
+                    _claim(queue, count),
+                    DeadLetterCause("handler_error", "ValueError: unknown currency 'XYZ'"),
+                ),
+                owner=DEMO_WORKER,
             )
-        message_fail(message_id=orders[84], actor=None, reason="demo: consumer rejects this SKU")
-        for message_id in orders[85:90] + payments[23:26]:
-            self._deliver(message_id)
-            message_dead_letter(
-                message_id=message_id,
-                reason="handler_error",
-                error="ValueError: unknown currency 'XYZ'",
-            )
-        for message_id in orders[90:93]:
-            self._deliver(message_id)
+        _claim(orders_queue, 3)
         # A rules table for the dead-letter queue, left as a draft: dry-run it
         # before activating.
         rule_table_create(
@@ -166,13 +171,9 @@ class Command(BaseCommand):
             put_application="payments-gw",
         )
 
-    def _deliver(self, message_id: int) -> None:
-        message_transition(
-            message_id=message_id,
-            to_state=MessageState.DELIVERING,
-            changes={
-                "attempts": 1,
-                "lease_owner": "demo-worker",
-                "lease_deadline": timezone.now() + timedelta(minutes=5),
-            },
-        )
+
+def _claim(queue: Queue, count: int, *, suspect: bool = False) -> list[int]:
+    claimed = messages_claim(
+        queue_id=queue.id, owner=DEMO_WORKER, lease_seconds=300, limit=count, suspect=suspect
+    )
+    return [message.id for message in claimed]

@@ -1,0 +1,239 @@
+"""A message in delivery: claimed under a worker's lease (TBDL -> DLNG), then
+acknowledged (DLVD), put back for a later retry (TBDL), dead-lettered (TBDL
+on the dead-letter queue), or, when its worker died or hung, requeued as a
+crash suspect (TBDL, ``crash_count + 1``). Each is one set-based statement
+for a whole delivery unit; only rows still leased to the caller move, so a
+late answer for a message the sweeper already took back changes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from broker.services.transitions.blacklist import messages_quarantine
+from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
+from broker.services.transitions.table import Transition, guard
+
+T = Transition
+
+# The due rows are locked with SKIP LOCKED so concurrent workers of one queue
+# never wait for each other or claim the same message; they become DLNG under
+# this worker's lease and count the attempt. Index: message_ready_idx, or
+# message_suspect_idx for a suspect. The guard holds literals only.
+CLAIM_SQL = f"""
+WITH due AS (
+    SELECT m.id FROM broker_message AS m
+    WHERE m.queue_id = %(queue_id)s AND {guard(T.CLAIM)} AND m.available_at <= now()
+      AND m.suspect = %(suspect)s
+    ORDER BY m.priority DESC, m.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE broker_message AS m
+SET state = 'DLNG', lease_owner = %(owner)s,
+    lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
+    attempts = m.attempts + 1, updated_at = now()
+FROM due WHERE m.id = due.id
+RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
+"""  # noqa: S608
+
+# Joined on the ids (primary key lookups) rather than "id = ANY(…)", which the
+# planner may combine with a scan of message_in_flight_idx and its dead entries.
+ACK_SQL = f"""
+UPDATE broker_message AS m
+SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[]) AS a(id)
+WHERE m.id = a.id AND {guard(T.ACK)} AND m.lease_owner = %(owner)s
+"""  # noqa: S608
+
+_RETRY_SQL = f"""
+UPDATE broker_message AS m
+SET state = 'TBDL', lease_owner = '', lease_deadline = NULL,
+    available_at = now() + make_interval(secs => r.delay), last_error = r.error,
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(delays)s::float8[], %(errors)s::text[]) AS r(id, delay, error)
+WHERE m.id = r.id AND {guard(T.RETRY)} AND m.lease_owner = %(owner)s
+"""  # noqa: S608
+
+# Locks the messages still leased to the caller and reads what their
+# dead-letter headers need, in id order (the order every batch write uses).
+_DEAD_LETTER_READ_SQL = f"""
+SELECT m.id, q.name, q.dead_letter_queue_id, m.put_application, m.put_user, m.content_type
+FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id
+WHERE m.id = ANY(%(ids)s) AND {guard(T.DEAD_LETTER)} AND m.lease_owner = %(owner)s
+ORDER BY m.id
+FOR UPDATE OF m
+"""  # noqa: S608
+_DEAD_LETTER_SQL = """
+UPDATE broker_message AS m
+SET state = 'TBDL', queue_id = d.queue_id, dead_letter = d.header, last_error = d.error,
+    lease_owner = '', lease_deadline = NULL, suspect = false,
+    available_at = now(), enqueued_at = now(), updated_at = now()
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS d(id bigint, queue_id bigint, header jsonb, error text)
+WHERE m.id = d.id
+"""
+
+# SKIP LOCKED: a row another transaction is settling right now (an ack in
+# progress, another sweeper) is left for the next sweep instead of waited on.
+# Index: message_in_flight_idx (state = 'DLNG').
+_REQUEUE_CRASHED_SQL = f"""
+WITH crashed AS (
+    SELECT m.id, m.lease_owner = ANY(%(dead)s) AS died
+    FROM broker_message AS m
+    WHERE {guard(T.REQUEUE_CRASHED)}
+      AND (m.lease_deadline < now() OR m.lease_owner = ANY(%(dead)s))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE broker_message AS m
+SET state = 'TBDL', suspect = true, crash_count = m.crash_count + 1,
+    lease_owner = '', lease_deadline = NULL, updated_at = now(), available_at = now(),
+    last_error = CASE WHEN c.died THEN 'the delivering worker died'
+                      ELSE 'the delivery outlived its lease' END
+FROM crashed AS c, broker_queue AS q
+WHERE m.id = c.id AND q.id = m.queue_id
+RETURNING m.id, m.crash_count, m.attempts, q.crash_threshold, q.poison_limit
+"""  # noqa: S608
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A message as its consumer gets it."""
+
+    id: int
+    priority: int
+    payload: bytes
+    content_type: str
+    headers: dict[str, str]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Retry:
+    message_id: int
+    delay_seconds: float
+    error: str
+
+
+@dataclass(frozen=True)
+class DeadLetterCause:
+    reason: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """A message requeued after a crash, with what decides whether it is poison."""
+
+    id: int
+    crash_count: int
+    attempts: int
+    crash_threshold: int
+    poison_limit: int
+
+
+def messages_claim(
+    *, queue_id: int, owner: str, lease_seconds: float, limit: int, suspect: bool
+) -> list[Claimed]:
+    """TBDL -> DLNG for up to ``limit`` due messages of a queue, highest
+    priority first, then oldest, under ``owner``'s lease of ``lease_seconds``;
+    crash suspects only, or none (``suspect``). Commits at once (its own
+    transaction when called outside one): the lease must be visible before
+    the consumer runs."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            CLAIM_SQL,
+            {
+                "queue_id": queue_id,
+                "suspect": suspect,
+                "limit": limit,
+                "owner": owner,
+                "lease_seconds": lease_seconds,
+            },
+        )
+        rows = cursor.fetchall()
+    # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
+    claimed = [
+        Claimed(id, priority, payload, content_type, json.loads(headers), attempts)
+        for id, priority, payload, content_type, headers, attempts in rows
+    ]
+    claimed.sort(key=lambda message: (-message.priority, message.id))
+    return claimed
+
+
+def messages_ack(*, message_ids: Sequence[int], owner: str) -> int:
+    """DLNG -> DLVD for the messages still leased to ``owner``: their
+    consumer handled them. Runs in the caller's transaction; returns how
+    many were acknowledged."""
+    with connection.cursor() as cursor:
+        cursor.execute(ACK_SQL, {"ids": list(message_ids), "owner": owner})
+        return cursor.rowcount
+
+
+def messages_retry(*, retries: Sequence[Retry], owner: str) -> int:
+    """DLNG -> TBDL, due again after each one's delay, for the messages
+    still leased to ``owner`` whose consumer failed with retries left.
+    Runs in the caller's transaction; returns how many were put back."""
+    if not retries:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RETRY_SQL,
+            {
+                "ids": [retry.message_id for retry in retries],
+                "delays": [retry.delay_seconds for retry in retries],
+                "errors": [retry.error[:MAX_ERROR_LENGTH] for retry in retries],
+                "owner": owner,
+            },
+        )
+        return cursor.rowcount
+
+
+def messages_dead_letter(*, causes: Mapping[int, DeadLetterCause], owner: str) -> list[int]:
+    """DLNG -> TBDL on the queue's dead-letter queue, with a dead-letter
+    header saying why, for the messages still leased to ``owner``. A message
+    whose queue has no dead-letter queue is blacklisted instead (NDLV), its
+    reason saying so. Runs in the caller's transaction; returns the ids that
+    left delivery either way."""
+    if not causes:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_DEAD_LETTER_READ_SQL, {"ids": list(causes), "owner": owner})
+        rows = cursor.fetchall()
+        moves = []
+        nowhere: dict[int, str] = {}
+        for message_id, queue_name, target, application, user, content_type in rows:
+            cause = causes[message_id]
+            if target is None:
+                nowhere[message_id] = (
+                    f"{cause.reason}, and queue {queue_name} has no dead-letter queue: "
+                    f"{cause.error}"
+                )
+                continue
+            header = dead_letter_header(
+                reason=cause.reason,
+                original_queue=queue_name,
+                put_application=application,
+                put_user=user,
+                content_type=content_type,
+                error=cause.error,
+            )
+            moves.append(
+                {"id": message_id, "queue_id": target, "header": header, "error": header["error"]}
+            )
+        if moves:
+            cursor.execute(_DEAD_LETTER_SQL, {"rows": json.dumps(moves)})
+    return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
+
+
+def messages_requeue_crashed(*, dead_owners: Sequence[str]) -> list[Crashed]:
+    """DLNG -> TBDL as a crash suspect (``crash_count + 1``) for every
+    delivery whose lease owner is in ``dead_owners`` (its worker died) or
+    whose lease deadline passed (it hung). Runs in the caller's transaction;
+    the caller decides which of them are poison (``messages_quarantine``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_REQUEUE_CRASHED_SQL, {"dead": list(dead_owners)})
+        return [Crashed(*row) for row in cursor.fetchall()]
