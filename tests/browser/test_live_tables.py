@@ -16,8 +16,8 @@ from pytest_django.live_server_helper import LiveServer
 
 from broker.models import BulkJob, Message
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.quarantine import messages_quarantine
 from broker.services.queues import queue_create
+from broker.services.transitions.blacklist import messages_quarantine
 from tests.browser.conftest import BrowserLog, login
 
 pytestmark = pytest.mark.slow
