@@ -296,6 +296,19 @@ def test_dlq_validate_exits_0_for_a_valid_table_and_1_with_every_error(tmp_path:
     assert f"{bad}:3:" in errors
 
 
+def test_dlq_validate_prints_warnings_and_still_exits_0(tmp_path: Path, capsys, settings):
+    settings.LAZARETTO_INSTANCE_NAME = "HERE"
+    table = tmp_path / "t.rules"
+    table.write_text("ACTION(FWD) FWDQ(PARKED.Q) FWDQM(THERE) PUTAUT(DEF)\n")
+
+    call_command("dlq", "validate", str(table))
+
+    output = capsys.readouterr()
+    assert f"{table}: valid, 1 rule(s)" in output.out
+    assert f"{table}:1:28: warning: FWDQM(THERE) is another queue manager" in output.err
+    assert f"{table}:1:41: warning: PUTAUT(DEF) has no effect here" in output.err
+
+
 def test_dlq_validate_json_prints_the_parse(tmp_path: Path, capsys):
     table = tmp_path / "t.rules"
     table.write_text(
@@ -311,6 +324,7 @@ def test_dlq_validate_json_prints_the_parse(tmp_path: Path, capsys):
             {"line": 2, "keywords": {"REASON": "MQRC_Q_FULL", "ACTION": "RETRY", "RETRY": "5"}}
         ],
         "errors": [],
+        "warnings": [],
     }
 
 

@@ -523,6 +523,7 @@ def test_the_validation_report_of_a_valid_table_has_the_documented_shape():
         "control": {"WAIT": "NO"},
         "rules": [{"line": 2, "keywords": {"REASON": "MQRC_Q_FULL", "ACTION": "RETRY"}}],
         "errors": [],
+        "warnings": [],
     }
 
 
@@ -546,7 +547,42 @@ def test_the_validation_report_keeps_what_could_be_read_of_an_invalid_table():
             },
             {"line": 3, "column": 27, "message": "wildcards are not allowed in FWDQ"},
         ],
+        "warnings": [],
     }
+
+
+def test_putaut_is_reported_as_having_no_effect_and_the_table_stays_valid():
+    report = validation_report("ACTION(FWD) FWDQ(PARKED) PUTAUT(CTX)\n")
+
+    assert report["valid"] is True
+    [warning] = report["warnings"]
+    assert (warning["line"], warning["column"]) == (1, 26)
+    assert warning["message"].startswith("PUTAUT(CTX) has no effect here")
+
+
+def test_a_forward_to_another_queue_manager_is_reported_as_one_that_always_fails():
+    text = (
+        "ACTION(FWD) FWDQ(A) FWDQM(OTHER.QM)\n"
+        "ACTION(FWD) FWDQ(B) FWDQM(HERE)\n"
+        "ACTION(FWD) FWDQ(C) FWDQM(&DESTQM)\n"
+        "ACTION(FWD) FWDQ(D) FWDQM(&REPLYQM)\n"
+    )
+
+    report = validation_report(text, instance="HERE")
+
+    assert report["valid"] is True
+    assert [(w["line"], w["column"]) for w in report["warnings"]] == [(1, 21), (4, 21)]
+    assert (
+        "OTHER.QM) is another queue manager than this instance (HERE)"
+        in (report["warnings"][0]["message"])
+    )
+    assert "reply-to queue manager" in report["warnings"][1]["message"]
+
+
+def test_without_an_instance_name_only_a_reply_to_queue_manager_is_questioned():
+    report = validation_report("ACTION(FWD) FWDQ(A) FWDQM(OTHER.QM)\n")
+
+    assert report["warnings"] == []
 
 
 # Packaging

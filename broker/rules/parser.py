@@ -10,6 +10,9 @@ would mostly repeat an earlier one:
   the missing keyword may well be the unreadable part;
 * relations between keywords (HEADER needs ACTION(FWD), ...) are checked
   only once ACTION itself is valid.
+
+Warnings leave a table valid: they name keywords runmqdlq acts on that have
+no effect, or cannot work, in Lazaretto, so an IBM MQ user is not misled.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ _FORWARD_ONLY = ("FWDQ", "FWDQM", "HEADER")
 class RuleDraft:
     line: int
     keywords: dict[str, str]
+    # Where each keyword the rule holds was written.
+    written: dict[str, Position] = field(default_factory=dict)
 
 
 @dataclass
@@ -38,9 +43,13 @@ class TableDraft:
     control: dict[str, str] = field(default_factory=dict)
     rules: list[RuleDraft] = field(default_factory=list)
     errors: list[RuleError] = field(default_factory=list)
+    warnings: list[RuleError] = field(default_factory=list)
 
     def error(self, position: Position, message: str) -> None:
         self.errors.append(RuleError(position.line, position.column, message))
+
+    def warn(self, position: Position, message: str) -> None:
+        self.warnings.append(RuleError(position.line, position.column, message))
 
 
 @dataclass
@@ -63,8 +72,10 @@ def parse(text: str) -> ParseResult:
     return ParseResult(table=table, errors=())
 
 
-def read_table(text: str) -> TableDraft:
-    """Read every entry, keeping whatever is valid even when the table is not."""
+def read_table(text: str, *, instance: str | None = None) -> TableDraft:
+    """Read every entry, keeping whatever is valid even when the table is not.
+    With ``instance`` (this installation's queue manager name), forwarding to
+    another queue manager is warned about too."""
     entries, continuation_errors = split_entries(text)
     draft = TableDraft(errors=continuation_errors)
     for number, entry in enumerate(_with_text(entries)):
@@ -74,7 +85,9 @@ def read_table(text: str) -> TableDraft:
         _read_entry(draft, entry, items, is_first=number == 0, readable=readable)
     if not draft.rules:
         draft.error(Position(1, 1), "the rules table contains no rules")
+    _warn(draft, instance)
     draft.errors.sort(key=lambda error: (error.line, error.column))
+    draft.warnings.sort(key=lambda warning: (warning.line, warning.column))
     return draft
 
 
@@ -99,7 +112,13 @@ def _read_entry(
     keywords = _read_keywords(draft, items, *_RULE_ROLES)
     keywords.complete = keywords.complete and readable
     _check_rule(draft, _start(entry), keywords)
-    draft.rules.append(RuleDraft(line=entry.position(0).line, keywords=keywords.accepted))
+    draft.rules.append(
+        RuleDraft(
+            line=entry.position(0).line,
+            keywords=keywords.accepted,
+            written={keyword: item.keyword_at for keyword, item in keywords.written.items()},
+        )
+    )
 
 
 def _role(item: Item) -> Role | None:
@@ -156,3 +175,30 @@ def _check_rule(draft: TableDraft, start: Position, keywords: _EntryKeywords) ->
             item = keywords.written.get(keyword)
             if item is not None:
                 draft.error(item.keyword_at, f"{keyword} is only allowed with ACTION(FWD)")
+
+
+def _warn(draft: TableDraft, instance: str | None) -> None:
+    """Keywords that are valid but do nothing, or cannot work, here."""
+    for rule in draft.rules:
+        if "PUTAUT" in rule.keywords:
+            draft.warn(
+                rule.written["PUTAUT"],
+                f"PUTAUT({rule.keywords['PUTAUT']}) has no effect here: messages are moved "
+                "by Lazaretto itself and keep the put application and user they were "
+                "published with",
+            )
+        manager = rule.keywords.get("FWDQM")
+        if manager is None or manager == "&DESTQM":  # DESTQM is always this instance
+            continue
+        if manager == "&REPLYQM":
+            draft.warn(
+                rule.written["FWDQM"],
+                "FWDQM(&REPLYQM): Lazaretto forwards only to its own queues, so this FWD "
+                "fails for a message whose reply-to queue manager is another one",
+            )
+        elif instance is not None and manager != instance:
+            draft.warn(
+                rule.written["FWDQM"],
+                f"FWDQM({manager}) is another queue manager than this instance ({instance}): "
+                "Lazaretto forwards only to its own queues, so this FWD always fails",
+            )

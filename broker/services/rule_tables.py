@@ -39,9 +39,9 @@ def rule_table_get(*, table_id: int) -> RuleTable:
 
 
 def rule_table_report(*, text: str, queue: Queue) -> dict[str, Any]:
-    """``broker.rules.validation_report``, plus the checks that need the
-    queue: INPUTQ must name it and INPUTQM this instance."""
-    report = validation_report(text)
+    """``broker.rules.validation_report`` for this instance, plus the checks
+    that need the queue: INPUTQ must name it and INPUTQM this instance."""
+    report = validation_report(text, instance=settings.LAZARETTO_INSTANCE_NAME)
     control = report["control"]
     extra = []
     if control.get("INPUTQ") not in (None, queue.name):

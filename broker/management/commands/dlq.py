@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
@@ -61,15 +62,20 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {file}: {error.strerror}") from None
 
     def _validate(self, *, file: Path, as_json: bool = False, **options: Any) -> None:
-        """Exit 0 when the table is valid, 1 with its errors otherwise."""
-        report = validation_report(self._read(file))
+        """Exit 0 when the table is valid, 1 with its errors otherwise;
+        warnings are printed either way."""
+        report = validation_report(self._read(file), instance=settings.LAZARETTO_INSTANCE_NAME)
         if as_json:
             self.stdout.write(json.dumps(report, indent=2))
-        elif report["valid"]:
-            self.stdout.write(f"{file}: valid, {len(report['rules'])} rule(s)")
         else:
             for error in report["errors"]:
                 self.stderr.write(f"{file}:{error['line']}:{error['column']}: {error['message']}")
+            for warning in report["warnings"]:
+                self.stderr.write(
+                    f"{file}:{warning['line']}:{warning['column']}: warning: {warning['message']}"
+                )
+            if report["valid"]:
+                self.stdout.write(f"{file}: valid, {len(report['rules'])} rule(s)")
         if not report["valid"]:
             raise SystemExit(1)
 
