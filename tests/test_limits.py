@@ -125,6 +125,26 @@ def test_discard_old_can_move_discards_to_the_dead_letter_queue():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_discard_old_discards_by_arrival_so_a_forwarded_message_is_not_first_to_go():
+    other = queue_create(name="OTHER.Q", consumer="noop")
+    [forwarded] = dead_lettered(other, 1)  # the oldest id of all
+    queue_create(name="RECENT.Q", max_messages=2, overflow="discard_old")
+    first, second = messages_publish(
+        queue_name="RECENT.Q", messages=[NewMessage(payload=b"a"), NewMessage(payload=b"b")]
+    )
+    message_forward(message_id=forwarded, queue_name="RECENT.Q")
+    assert count("RECENT.Q") == 3  # an internal move lands past the limit, drops nothing
+
+    [newest] = one("RECENT.Q")
+
+    kept = set(Message.objects.filter(queue__name="RECENT.Q").values_list("id", flat=True))
+    assert forwarded < first
+    assert kept == {forwarded, newest}
+    discarded = AuditEvent.objects.filter(action="message_discard", queue_name="RECENT.Q")
+    assert sorted(discarded.values_list("message_id", flat=True)) == [first, second]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_batch_bigger_than_the_room_left_is_refused_whole_by_reject_new():
     queue_create(name="LIMITED.Q", max_messages=10)
     messages_publish(queue_name="LIMITED.Q", messages=[NewMessage(payload=b"x")] * 8)
