@@ -17,20 +17,31 @@ class InvalidInput(BrokerError):
     code = "invalid"
 
 
-class QueueNotFound(BrokerError):
+class NotFound(BrokerError):
+    """What a getter was asked for does not exist. The console answers any
+    of these with its 404 page, the API with 404 and the subclass's code."""
+
+    code = "not_found"
+
+
+class QueueNotFound(NotFound):
     code = "queue_not_found"
 
 
-class TopicNotFound(BrokerError):
+class TopicNotFound(NotFound):
     code = "topic_not_found"
 
 
-class SubscriptionNotFound(BrokerError):
+class SubscriptionNotFound(NotFound):
     code = "subscription_not_found"
 
 
-class MessageNotFound(BrokerError):
+class MessageNotFound(NotFound):
     code = "message_not_found"
+
+
+class BulkJobNotFound(NotFound):
+    code = "bulk_job_not_found"
 
 
 class QueueIsDeadLetter(BrokerError):
@@ -91,7 +102,7 @@ class MaxMessagesReached(BrokerError):
         self.depth = depth
 
 
-class RuleTableNotFound(BrokerError):
+class RuleTableNotFound(NotFound):
     code = "rule_table_not_found"
 
 

@@ -15,15 +15,19 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from broker import errors as broker_errors
 
+# An error's status is that of the nearest class in its MRO listed here; any
+# NotFound, listed or not, is 404; anything else unlisted is 400.
 BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.InvalidInput: status.HTTP_400_BAD_REQUEST,
     broker_errors.BatchTooLarge: status.HTTP_400_BAD_REQUEST,
+    broker_errors.NotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.QueueNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.MessageNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.TopicNotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.SubscriptionNotFound: status.HTTP_404_NOT_FOUND,
-    broker_errors.MaxMessagesReached: status.HTTP_409_CONFLICT,
     broker_errors.RuleTableNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.BulkJobNotFound: status.HTTP_404_NOT_FOUND,
+    broker_errors.MaxMessagesReached: status.HTTP_409_CONFLICT,
     broker_errors.NotADraft: status.HTTP_409_CONFLICT,
     broker_errors.NothingToRollBack: status.HTTP_409_CONFLICT,
     broker_errors.RulesInvalid: status.HTTP_409_CONFLICT,
@@ -45,6 +49,14 @@ DRF_CODES: dict[type[exceptions.APIException], str] = {
     exceptions.UnsupportedMediaType: "unsupported_media_type",
     exceptions.Throttled: "throttled",
 }
+
+
+def broker_status(error: broker_errors.BrokerError) -> int:
+    """The HTTP status for ``error``: its class's, else its nearest base's."""
+    for cls in type(error).__mro__:
+        if cls in BROKER_STATUS:
+            return BROKER_STATUS[cls]
+    return status.HTTP_400_BAD_REQUEST
 
 
 def error_body(code: str, detail: str, field_errors: Any = None, **extra: Any) -> dict[str, Any]:
@@ -90,9 +102,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                 "limit": exc.limit,
                 "depth": exc.depth,
             }
-        http_status = BROKER_STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST)
         return Response(
-            error_body(exc.code, exc.detail, exc.field_errors, **extra), status=http_status
+            error_body(exc.code, exc.detail, exc.field_errors, **extra), status=broker_status(exc)
         )
     if isinstance(exc, RequestDataTooBig):
         return Response(
