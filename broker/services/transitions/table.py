@@ -117,36 +117,33 @@ def allows(transition: Transition, *, state: str, on_dead_letter_queue: bool) ->
 
 
 def _allowed_words(edge: Edge) -> str:
+    """``blacklisted (NDLV) messages``, ``waiting (TBDL) messages on a
+    dead-letter queue``, or both."""
     phrases = []
     if edge.sources:
-        phrases.append(" or ".join(_STATE_WORDS[S(state)] for state in sorted(edge.sources)))
+        states = " or ".join(_STATE_WORDS[S(state)] for state in sorted(edge.sources))
+        phrases.append(f"{states} messages")
     if edge.dead_letter_sources:
         states = " or ".join(_STATE_WORDS[S(state)] for state in sorted(edge.dead_letter_sources))
         phrases.append(f"{states} messages on a dead-letter queue")
-    text = " and ".join(phrases)
-    return text if edge.dead_letter_sources else f"{text} messages"
+    return " and ".join(phrases)
 
 
-def refuse(transition: Transition, *, message_id: int, lease_owner: str | None = None) -> NoReturn:
+def refuse(transition: Transition, *, message_id: int) -> NoReturn:
     """Explain why ``transition`` changed nothing for one message: it does
-    not exist, is in a state the transition does not start from, or (for a
-    transition of a leased message) is no longer leased to ``lease_owner``."""
+    not exist, or is in a state the transition does not start from."""
     row = (
         Message.objects.filter(id=message_id)
-        .values_list("state", "queue__name", "queue__kind", "lease_owner")
+        .values_list("state", "queue__name", "queue__kind")
         .first()
     )
     if row is None:
         raise MessageNotFound(f"There is no message {message_id}.")
-    state, queue_name, kind, owner = row
-    on_dead_letter_queue = kind == QueueKind.DEAD_LETTER
-    if allows(transition, state=state, on_dead_letter_queue=on_dead_letter_queue):
-        if lease_owner is not None and owner != lease_owner:
-            raise IllegalTransition(f"Message {message_id} is no longer leased to {lease_owner}.")
-        raise IllegalTransition(
-            f"Message {message_id} changed while it was being {MACHINE[transition].done}."
-        )
+    state, queue_name, kind = row
     edge = MACHINE[transition]
+    if allows(transition, state=state, on_dead_letter_queue=kind == QueueKind.DEAD_LETTER):
+        # Another process moved it between the statement and this look.
+        raise IllegalTransition(f"Message {message_id} changed meanwhile; it was not {edge.done}.")
     raise IllegalTransition(
         f"Message {message_id} is {state} on {queue_name}; only {_allowed_words(edge)} "
         f"are {edge.done}."
