@@ -14,9 +14,10 @@ from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
-from broker.errors import MessageNotFound, RuleTableNotFound
+from broker.errors import BulkJobNotFound, MessageNotFound, QueueNotFound, RuleTableNotFound
 from broker.models import (
     AuditEvent,
+    BulkJob,
     Heartbeat,
     Message,
     MessageState,
@@ -27,6 +28,7 @@ from broker.models import (
     RuleTable,
     RuleTableStatus,
     Subscription,
+    Topic,
 )
 
 HIGH_WATER_FRACTION = 0.8
@@ -80,12 +82,18 @@ class SubscriptionSummary:
 
 
 def subscription_summaries() -> list[SubscriptionSummary]:
+    """Every subscription by name, with its queue's depth: two queries."""
     subscriptions = list(Subscription.objects.select_related("topic", "queue").order_by("name"))
     depths = queue_depths(queue_ids=[subscription.queue_id for subscription in subscriptions])
     return [
         SubscriptionSummary(subscription=subscription, depth=depths[subscription.queue_id])
         for subscription in subscriptions
     ]
+
+
+def subscription_summary(*, subscription: Subscription) -> SubscriptionSummary:
+    depth = queue_depths(queue_ids=[subscription.queue_id])[subscription.queue_id]
+    return SubscriptionSummary(subscription=subscription, depth=depth)
 
 
 def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
@@ -101,11 +109,47 @@ def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     return dict(depths)
 
 
-def queue_summaries() -> list[QueueSummary]:
-    """Every queue with its depth by state: two queries whatever the backlog."""
-    queues = list(Queue.objects.select_related("dead_letter_queue").order_by("kind", "name"))
+def queue_summaries(*, by_kind: bool = False) -> list[QueueSummary]:
+    """Every queue with its depth by state, by name (``by_kind``: by kind,
+    dead-letter queues first, then by name): two queries whatever the
+    backlog."""
+    ordering = ("kind", "name") if by_kind else ("name",)
+    queues = list(Queue.objects.select_related("dead_letter_queue").order_by(*ordering))
     depths = queue_depths(queue_ids=[queue.id for queue in queues])
     return [QueueSummary(queue=queue, depth=depths[queue.id]) for queue in queues]
+
+
+def queue_summary(*, queue: Queue) -> QueueSummary:
+    return QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
+
+
+def queue_names(*, exclude: Queue | None = None) -> list[str]:
+    """Every queue's name in order, but ``exclude``'s: where a message can go."""
+    queues = Queue.objects.order_by("name")
+    if exclude is not None:
+        queues = queues.exclude(id=exclude.id)
+    return list(queues.values_list("name", flat=True))
+
+
+def dead_letter_queue_list() -> QuerySet[Queue]:
+    """The dead-letter queues by name (lazy: forms choose among them)."""
+    return Queue.objects.filter(kind=QueueKind.DEAD_LETTER).order_by("name")
+
+
+def dead_letter_queue_get(*, name: str) -> Queue:
+    """The dead-letter queue ``name``; a standard queue of that name is not
+    one (QueueNotFound either way)."""
+    queue = Queue.objects.filter(name=name).first()
+    if queue is None:
+        raise QueueNotFound(f"There is no queue named {name!r}.")
+    if queue.kind != QueueKind.DEAD_LETTER:
+        raise QueueNotFound(f"{name} is not a dead-letter queue.")
+    return queue
+
+
+def topic_list() -> QuerySet[Topic]:
+    """Every topic by name (lazy: forms choose among them)."""
+    return Topic.objects.order_by("name")
 
 
 @dataclass(frozen=True)
@@ -334,3 +378,19 @@ def rule_table_version(*, queue: Queue, version: int) -> RuleTable:
     if table is None:
         raise RuleTableNotFound(f"{queue.name} has no rules table version {version}.")
     return table
+
+
+def rule_table_version_before(*, table: RuleTable) -> RuleTable | None:
+    """The version of the same queue's table just before ``table``, if any."""
+    return (
+        RuleTable.objects.filter(queue_id=table.queue_id, version__lt=table.version)
+        .order_by("-version")
+        .first()
+    )
+
+
+def bulk_job_get(*, job_id: int) -> BulkJob:
+    job = BulkJob.objects.filter(id=job_id).first()
+    if job is None:
+        raise BulkJobNotFound(f"There is no job {job_id}.")
+    return job

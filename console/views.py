@@ -95,7 +95,7 @@ HEALTHY_WITHIN = {"control": 10.0, "deliveries": 30.0}
 @require_GET
 @role_required(Role.VIEWER)
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    summaries = queue_summaries()
+    summaries = queue_summaries(by_kind=True)
     beats = heartbeats()
     context = {
         "summaries": summaries,

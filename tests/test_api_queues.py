@@ -1,6 +1,7 @@
 import pytest
 
 from broker.models import AuditEvent, Queue
+from broker.services.queues import queue_create
 
 pytestmark = pytest.mark.django_db
 
@@ -90,6 +91,15 @@ def test_it_lists_queues_with_depths(viewer_api, orders, publish):
     by_name = {queue["name"]: queue for queue in response.json()}
     assert by_name["ORDERS.IN"]["depth"]["TBDL"] == 3
     assert by_name["SYSTEM.DEAD.LETTER.QUEUE"]["kind"] == "dead_letter"
+
+
+def test_it_lists_queues_by_name_whatever_their_kind(viewer_api, orders):
+    queue_create(name="A.DLQ", kind="dead_letter")
+    queue_create(name="ZULU.IN")
+
+    names = [queue["name"] for queue in viewer_api.get(QUEUES).json()]
+
+    assert names == ["A.DLQ", "ORDERS.IN", "SYSTEM.DEAD.LETTER.QUEUE", "ZULU.IN"]
 
 
 def test_an_admin_updates_settings(admin_api, orders):

@@ -6,6 +6,7 @@ from django.test import Client
 
 from broker.models import RuleTable
 from broker.selectors import queue_summaries
+from broker.services.queues import queue_create
 
 pytestmark = pytest.mark.django_db
 
@@ -83,6 +84,16 @@ def test_htmx_polling_gets_only_the_queue_table(client, viewer, orders, publish)
     assert html.lstrip().startswith('<div id="queue-table"')
     assert "<html" not in html
     assert 'data-state="TBDL">4<' in html
+
+
+def test_the_dashboard_groups_queues_by_kind_then_name(client, viewer, orders):
+    queue_create(name="A.DLQ", kind="dead_letter")
+    queue_create(name="ZULU.IN")
+    client.force_login(viewer)
+
+    names = re.findall(r'<tr data-queue="([^"]+)"', client.get("/").content.decode())
+
+    assert names == ["A.DLQ", "SYSTEM.DEAD.LETTER.QUEUE", "ORDERS.IN", "ZULU.IN"]
 
 
 def test_the_page_loads_htmx_from_our_own_static_files(client, viewer):

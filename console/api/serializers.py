@@ -13,59 +13,85 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from broker.models import (
     Message,
-    MessageState,
     Queue,
-    QueueKind,
     RuleTable,
     Subscription,
     Topic,
 )
-from broker.selectors import LimitState, live_count
+from broker.selectors import (
+    LimitState,
+    QueueSummary,
+    SubscriptionSummary,
+    dead_letter_queue_list,
+    topic_list,
+)
 from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
 from broker.services.queues import QUEUE_SETTINGS
 from broker.services.rule_tables import rule_table_report
 
+# Each resource with a depth has two serializers: the model serializer parses
+# what a client sends; the summary serializer answers with a summary from
+# broker.selectors (the same fields, read through the summary, plus depth and
+# limit), so the API and the console read depths one way.
+
 
 class QueueSerializer(serializers.ModelSerializer[Queue]):
+    """A queue's name and settings."""
+
     dead_letter_queue = serializers.SlugRelatedField(
         slug_field="name",
-        queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER),
+        queryset=dead_letter_queue_list(),
         allow_null=True,
         required=False,
         help_text="Name of the dead-letter queue; defaults to SYSTEM.DEAD.LETTER.QUEUE.",
     )
-    depth = serializers.SerializerMethodField(
-        help_text="Messages by state: TBDL, DLNG, DLVD, NDLV, FAIL."
-    )
-    limit = serializers.SerializerMethodField(
-        help_text="Waiting + in-flight messages against max_messages: "
-        "`live`, `over_limit`, `high_water` (80 % or more)."
-    )
 
     class Meta:
         model = Queue
-        fields = [
-            "name",
-            *QUEUE_SETTINGS,
-            "depth",
-            "limit",
-            "created_at",
-            "updated_at",
-        ]
+        fields = ["name", *QUEUE_SETTINGS, "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
-    def get_depth(self, queue: Queue) -> dict[str, int]:
-        depths: dict[int, dict[str, int]] = self.context.get("depths", {})
-        return depths.get(queue.id, dict.fromkeys(MessageState.values, 0))
 
-    def get_limit(self, queue: Queue) -> dict[str, Any]:
-        return limit_json(
-            LimitState(live=live_count(self.get_depth(queue)), max_messages=queue.max_messages)
+class LimitSerializer(serializers.Serializer[LimitState]):
+    """Where a queue stands against a max_messages limit."""
+
+    live = serializers.IntegerField(help_text="Waiting + in-flight messages.")
+    over_limit = serializers.BooleanField(help_text="Internal moves took it past max_messages.")
+    high_water = serializers.BooleanField(help_text="At 80 % of max_messages or more.")
+
+
+def fields_through(
+    model_serializer: type[serializers.ModelSerializer[Any]],
+    attribute: str,
+    *,
+    own: dict[str, serializers.Field[Any, Any, Any, Any]],
+    before: str,
+) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+    """How a summary serializer shows its model: ``model_serializer``'s
+    fields, each reading the summary's ``attribute`` (``queue.name`` for
+    ``name``), with the summary's ``own`` fields placed before ``before``."""
+    fields: dict[str, serializers.Field[Any, Any, Any, Any]] = {}
+    for name, field in model_serializer().get_fields().items():
+        if name == before:
+            fields.update(own)
+        field.source = f"{attribute}.{field.source or name}"
+        fields[name] = field
+    return fields
+
+
+class QueueSummarySerializer(serializers.Serializer[QueueSummary]):
+    """A queue: its name and settings, its messages by state and its limit."""
+
+    depth = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Messages by state: TBDL, DLNG, DLVD, NDLV, FAIL.",
+    )
+    limit = LimitSerializer(help_text="Waiting + in-flight messages against max_messages.")
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        return fields_through(
+            QueueSerializer, "queue", own=super().get_fields(), before="created_at"
         )
-
-
-def limit_json(state: LimitState) -> dict[str, Any]:
-    return {"live": state.live, "over_limit": state.over_limit, "high_water": state.high_water}
 
 
 class TopicSerializer(serializers.ModelSerializer[Topic]):
@@ -76,15 +102,13 @@ class TopicSerializer(serializers.ModelSerializer[Topic]):
 
 
 class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
-    topic = serializers.SlugRelatedField(slug_field="name", queryset=Topic.objects.all())
+    """A subscription of a queue to a topic."""
+
+    topic = serializers.SlugRelatedField(slug_field="name", queryset=topic_list())
     queue = serializers.CharField(
         source="queue.name",
         max_length=48,
         help_text="The subscription's own queue; created when it does not exist.",
-    )
-    limit = serializers.SerializerMethodField(
-        help_text="The queue's waiting + in-flight messages against this subscription's "
-        "max_messages: `live`, `over_limit`, `high_water`."
     )
 
     class Meta:
@@ -97,16 +121,23 @@ class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
             "max_messages",
             "overflow",
             "discard_to_dead_letter",
-            "limit",
             "created_at",
         ]
         read_only_fields = ["created_at"]
 
-    def get_limit(self, subscription: Subscription) -> dict[str, Any]:
-        depths: dict[int, dict[str, int]] = self.context.get("depths", {})
-        depth = depths.get(subscription.queue_id, dict.fromkeys(MessageState.values, 0))
-        return limit_json(
-            LimitState(live=live_count(depth), max_messages=subscription.max_messages)
+
+class SubscriptionSummarySerializer(serializers.Serializer[SubscriptionSummary]):
+    """A subscription of a queue to a topic, with its queue's state against
+    the subscription's limit."""
+
+    limit = LimitSerializer(
+        help_text="The queue's waiting + in-flight messages against this subscription's "
+        "max_messages."
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        return fields_through(
+            SubscriptionSerializer, "subscription", own=super().get_fields(), before="created_at"
         )
 
 
@@ -275,9 +306,7 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
 
 
 class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
-    queue = serializers.SlugRelatedField(
-        slug_field="name", queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER)
-    )
+    queue = serializers.SlugRelatedField(slug_field="name", queryset=dead_letter_queue_list())
     text = serializers.CharField(trim_whitespace=False, help_text="The table in runmqdlq syntax.")
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     validation = serializers.SerializerMethodField(
@@ -308,6 +337,4 @@ class RuleTableTextSerializer(serializers.Serializer[dict[str, str]]):
 
 
 class RollbackSerializer(serializers.Serializer[dict[str, Queue]]):
-    queue = serializers.SlugRelatedField(
-        slug_field="name", queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER)
-    )
+    queue = serializers.SlugRelatedField(slug_field="name", queryset=dead_letter_queue_list())

@@ -15,11 +15,19 @@ from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.serializer_helpers import ReturnDict
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from broker.models import Message, MessageState, Queue, RuleTable, Subscription, Topic
-from broker.selectors import message_get, queue_depths
+from broker.models import Message, MessageState, Queue, RuleTable, Subscription
+from broker.selectors import (
+    message_get,
+    queue_summaries,
+    queue_summary,
+    subscription_summaries,
+    subscription_summary,
+    topic_list,
+)
 from broker.services.publish import messages_publish, topic_publish
 from broker.services.queues import queue_create, queue_delete, queue_get, queue_update
 from broker.services.rule_tables import (
@@ -46,10 +54,12 @@ from console.api.serializers import (
     PublishResultSerializer,
     PublishSerializer,
     QueueSerializer,
+    QueueSummarySerializer,
     RollbackSerializer,
     RuleTableSerializer,
     RuleTableTextSerializer,
     SubscriptionSerializer,
+    SubscriptionSummarySerializer,
     TopicPublishResultSerializer,
     TopicPublishSerializer,
     TopicSerializer,
@@ -71,40 +81,39 @@ def as_batch(data: Any) -> Any:
     return data
 
 
+def queue_json(queue: Queue) -> ReturnDict[str, Any]:
+    return QueueSummarySerializer(queue_summary(queue=queue)).data
+
+
 class QueueListView(APIView):
     write_role = Role.ADMIN
 
-    @extend_schema(responses=QueueSerializer(many=True))
+    @extend_schema(responses=QueueSummarySerializer(many=True))
     def get(self, request: Request) -> Response:
-        queues = list(Queue.objects.select_related("dead_letter_queue").order_by("name"))
-        depths = queue_depths(queue_ids=[queue.id for queue in queues])
-        return Response(QueueSerializer(queues, many=True, context={"depths": depths}).data)
+        summaries = queue_summaries()
+        # many=True builds a ListSerializer, which takes the list.
+        return Response(QueueSummarySerializer(summaries, many=True).data)  # type: ignore[arg-type]
 
-    @extend_schema(request=QueueSerializer, responses={201: QueueSerializer, 400: ERROR})
+    @extend_schema(request=QueueSerializer, responses={201: QueueSummarySerializer, 400: ERROR})
     def post(self, request: Request) -> Response:
         serializer = QueueSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         queue = queue_create(actor=request.user, **serializer.validated_data)
-        return Response(QueueSerializer(queue).data, status=status.HTTP_201_CREATED)
+        return Response(queue_json(queue), status=status.HTTP_201_CREATED)
 
 
 class QueueDetailView(APIView):
     write_role = Role.ADMIN
 
-    def _render(self, queue: Queue) -> Response:
-        return Response(
-            QueueSerializer(queue, context={"depths": queue_depths(queue_ids=[queue.id])}).data
-        )
-
-    @extend_schema(responses={200: QueueSerializer, 404: ERROR})
+    @extend_schema(responses={200: QueueSummarySerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
-        return self._render(queue_get(name=name))
+        return Response(queue_json(queue_get(name=name)))
 
-    @extend_schema(request=QueueSerializer, responses={200: QueueSerializer, 400: ERROR})
+    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
     def put(self, request: Request, name: str) -> Response:
         return self._update(request, name, partial=False)
 
-    @extend_schema(request=QueueSerializer, responses={200: QueueSerializer, 400: ERROR})
+    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
     def patch(self, request: Request, name: str) -> Response:
         return self._update(request, name, partial=True)
 
@@ -112,8 +121,8 @@ class QueueDetailView(APIView):
         queue = queue_get(name=name)
         serializer = QueueSerializer(queue, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
-        return self._render(
-            queue_update(queue=queue, actor=request.user, **serializer.validated_data)
+        return Response(
+            queue_json(queue_update(queue=queue, actor=request.user, **serializer.validated_data))
         )
 
     @extend_schema(responses={204: None, 404: ERROR, 409: ERROR})
@@ -191,7 +200,7 @@ class TopicListView(APIView):
 
     @extend_schema(responses=TopicSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(TopicSerializer(Topic.objects.order_by("name"), many=True).data)
+        return Response(TopicSerializer(topic_list(), many=True).data)
 
     @extend_schema(request=TopicSerializer, responses={201: TopicSerializer, 400: ERROR})
     def post(self, request: Request) -> Response:
@@ -243,21 +252,21 @@ class TopicPublishView(APIView):
         )
 
 
-def _subscription_depths(subscriptions: list[Subscription]) -> dict[int, dict[str, int]]:
-    return queue_depths(queue_ids=[subscription.queue_id for subscription in subscriptions])
+def subscription_json(subscription: Subscription) -> ReturnDict[str, Any]:
+    return SubscriptionSummarySerializer(subscription_summary(subscription=subscription)).data
 
 
 class SubscriptionListView(APIView):
     write_role = Role.ADMIN
 
-    @extend_schema(responses=SubscriptionSerializer(many=True))
+    @extend_schema(responses=SubscriptionSummarySerializer(many=True))
     def get(self, request: Request) -> Response:
-        subscriptions = list(Subscription.objects.select_related("topic", "queue").order_by("name"))
-        context = {"depths": _subscription_depths(subscriptions)}
-        return Response(SubscriptionSerializer(subscriptions, many=True, context=context).data)
+        summaries = subscription_summaries()
+        # many=True builds a ListSerializer, which takes the list.
+        return Response(SubscriptionSummarySerializer(summaries, many=True).data)  # type: ignore[arg-type]
 
     @extend_schema(
-        request=SubscriptionSerializer, responses={201: SubscriptionSerializer, 400: ERROR}
+        request=SubscriptionSerializer, responses={201: SubscriptionSummarySerializer, 400: ERROR}
     )
     def post(self, request: Request) -> Response:
         serializer = SubscriptionSerializer(data=request.data)
@@ -266,22 +275,18 @@ class SubscriptionListView(APIView):
         subscription = subscription_create(
             actor=request.user, queue_name=data.pop("queue")["name"], **data
         )
-        return Response(SubscriptionSerializer(subscription).data, status=status.HTTP_201_CREATED)
+        return Response(subscription_json(subscription), status=status.HTTP_201_CREATED)
 
 
 class SubscriptionDetailView(APIView):
     write_role = Role.ADMIN
 
-    def _render(self, subscription: Subscription) -> Response:
-        context = {"depths": _subscription_depths([subscription])}
-        return Response(SubscriptionSerializer(subscription, context=context).data)
-
-    @extend_schema(responses={200: SubscriptionSerializer, 404: ERROR})
+    @extend_schema(responses={200: SubscriptionSummarySerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
-        return self._render(subscription_get(name=name))
+        return Response(subscription_json(subscription_get(name=name)))
 
     @extend_schema(
-        request=SubscriptionSerializer, responses={200: SubscriptionSerializer, 400: ERROR}
+        request=SubscriptionSerializer, responses={200: SubscriptionSummarySerializer, 400: ERROR}
     )
     def patch(self, request: Request, name: str) -> Response:
         subscription = subscription_get(name=name)
@@ -301,8 +306,10 @@ class SubscriptionDetailView(APIView):
                 "A subscription keeps its name, topic and queue.",
                 field_errors={key: ["Cannot be changed."] for key in moved},
             )
-        return self._render(
-            subscription_update(subscription=subscription, actor=request.user, **changes)
+        return Response(
+            subscription_json(
+                subscription_update(subscription=subscription, actor=request.user, **changes)
+            )
         )
 
     @extend_schema(responses={204: None, 404: ERROR})
