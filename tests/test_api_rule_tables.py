@@ -118,3 +118,65 @@ def test_an_inputq_naming_another_queue_is_an_error(admin_api):
 
     assert not table["validation"]["valid"]
     assert "OTHER.DLQ" in table["validation"]["errors"][0]["message"]
+
+
+def test_a_table_posted_with_activate_is_at_once_the_active_version(admin_api):
+    response = admin_api.post(
+        TABLES, {"queue": DLQ, "text": "ACTION(IGNORE)\n", "activate": True}, format="json"
+    )
+
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["version"], body["status"]) == (1, "active")
+    assert "activate" not in body  # write-only
+    assert RuleTable.objects.get().status == "active"
+    assert list(
+        AuditEvent.objects.filter(action__startswith="rule_table")
+        .order_by("id")
+        .values_list("action", flat=True)
+    ) == ["rule_table_create", "rule_table_activate"]
+
+
+def test_a_table_with_errors_posted_with_activate_is_409_and_nothing_is_stored(admin_api):
+    response = admin_api.post(
+        TABLES, {"queue": DLQ, "text": "* ok\nACTION(FWD)\n", "activate": True}, format="json"
+    )
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "rules_invalid"
+    assert [error["line"] for error in response.json()["errors"]] == [2]
+    assert not RuleTable.objects.exists()
+    assert not AuditEvent.objects.filter(action__startswith="rule_table").exists()
+
+
+def test_a_blank_table_posted_with_activate_is_400_and_nothing_is_stored(admin_api):
+    response = admin_api.post(
+        TABLES, {"queue": DLQ, "text": "  \n\t", "activate": True}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid"
+    assert "text" in response.json()["field_errors"]
+    assert not RuleTable.objects.exists()
+
+
+def test_without_activate_a_posted_table_is_a_draft_and_the_active_one_stays(admin_api):
+    active = admin_api.post(
+        TABLES, {"queue": DLQ, "text": "ACTION(IGNORE)\n", "activate": True}, format="json"
+    ).json()
+
+    draft(admin_api, "ACTION(DISCARD)\n")
+
+    assert RuleTable.objects.get(status="active").id == active["id"]
+    assert RuleTable.objects.get(version=2).status == "draft"
+
+
+def test_the_schema_documents_activate_as_a_write_only_flag(viewer_api):
+    schema = viewer_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+
+    activate = schema["components"]["schemas"]["RuleTable"]["properties"]["activate"]
+    assert (activate["type"], activate["default"], activate["writeOnly"]) == (
+        "boolean",
+        False,
+        True,
+    )

@@ -310,7 +310,14 @@ class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
     text = serializers.CharField(trim_whitespace=False, help_text="The table in runmqdlq syntax.")
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     validation = serializers.SerializerMethodField(
-        help_text='`{"valid", "control", "rules", "errors": [{"line", "column", "message"}]}`'
+        help_text='`{"valid", "control", "rules", "errors": [{"line", "column", "message"}], '
+        '"warnings": [{"line", "column", "message"}]}`; warnings do not make a table invalid.'
+    )
+    activate = serializers.BooleanField(
+        write_only=True,
+        default=False,
+        help_text="Activate the new version at once. A table with errors is then refused "
+        "(409 `rules_invalid`, with `errors`) and nothing is stored.",
     )
 
     class Meta:
@@ -325,6 +332,7 @@ class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
             "created_by",
             "created_at",
             "activated_at",
+            "activate",
         ]
         read_only_fields = ["id", "version", "status", "created_at", "activated_at"]
 

@@ -33,6 +33,7 @@ from broker.services.queues import queue_create, queue_delete, queue_get, queue_
 from broker.services.rule_tables import (
     rule_table_activate,
     rule_table_create,
+    rule_table_create_and_activate,
     rule_table_dry_run,
     rule_table_get,
     rule_table_report,
@@ -331,11 +332,20 @@ class RuleTableListView(ListAPIView[RuleTable]):
         queue = self.request.query_params.get("queue")
         return tables.filter(queue__name=queue) if queue else tables
 
-    @extend_schema(request=RuleTableSerializer, responses={201: RuleTableSerializer, 400: ERROR})
+    @extend_schema(
+        request=RuleTableSerializer,
+        responses={201: RuleTableSerializer, 400: ERROR, 409: ERROR},
+        description=(
+            "A new draft version of a dead-letter queue's rules table; with "
+            '`"activate": true`, the new version is active at once, or nothing is stored.'
+        ),
+    )
     def post(self, request: Request) -> Response:
         serializer = RuleTableSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        table = rule_table_create(actor=request.user, **serializer.validated_data)
+        data = dict(serializer.validated_data)
+        create = rule_table_create_and_activate if data.pop("activate") else rule_table_create
+        table = create(queue=data["queue"], text=data["text"], actor=request.user)
         return Response(RuleTableSerializer(table).data, status=status.HTTP_201_CREATED)
 
 
