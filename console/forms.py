@@ -4,11 +4,14 @@ beside the fields they name."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 
 from broker.errors import BrokerError
-from broker.models import QUEUE_NAME_MAX_LENGTH, Overflow, Queue, QueueKind, Topic
+from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue, QueueKind, Topic
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS
+from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
 
@@ -106,3 +109,62 @@ class ResubmitForm(forms.Form):
         ):
             raise forms.ValidationError("Headers must be a JSON object of string values.")
         return headers
+
+
+STATE_CHOICES = [("", "any state"), *MessageState.choices]
+
+
+class MessageFilterForm(forms.Form):
+    queue = forms.CharField(max_length=QUEUE_NAME_MAX_LENGTH, required=False)
+    state = forms.ChoiceField(choices=STATE_CHOICES, required=False)
+    reason = forms.CharField(max_length=64, required=False, help_text="dead-letter reason")
+    since = forms.DateTimeField(required=False, help_text="published at or after")
+    until = forms.DateTimeField(required=False, help_text="published before")
+    header = forms.CharField(max_length=200, required=False, help_text="name=value")
+    text = forms.CharField(
+        max_length=200, required=False, strip=False, help_text="payload contains"
+    )
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def clean_header(self) -> str:
+        header: str = self.cleaned_data["header"]
+        if header and "=" not in header:
+            raise forms.ValidationError("Write it as name=value.")
+        return header
+
+
+class AuditFilterForm(forms.Form):
+    actor = forms.CharField(max_length=150, required=False)
+    action = forms.CharField(max_length=64, required=False)
+    queue = forms.CharField(max_length=QUEUE_NAME_MAX_LENGTH, required=False)
+    message = forms.IntegerField(required=False, min_value=1, label="Message id")
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+class MessageIdsField(forms.Field):
+    """Selected message ids (any; the service keeps only blacklisted ones)."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> list[int]:
+        values = value or []
+        if not all(str(item).isdigit() for item in values):
+            raise forms.ValidationError("Message ids are whole numbers.")
+        return [int(item) for item in values]
+
+
+class BulkForm(forms.Form):
+    action = forms.ChoiceField(choices=[(a, a.capitalize()) for a in TRIAGE_ACTIONS])
+    note = forms.CharField(max_length=500, required=False, label="Reason")
+    scope = forms.ChoiceField(choices=[("selected", "selected"), ("filter", "filter")])
+    ids = MessageIdsField(required=False)
+    confirmed = forms.BooleanField(required=False)
+
+
+class RulesForm(forms.Form):
+    text = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false", "class": "code"}),
+        strip=False,
+        max_length=200_000,
+        label="Rules table (runmqdlq syntax)",
+    )

@@ -3,38 +3,40 @@ from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import browse, dead_letters, views
+from console.views import audit, blacklist, dashboard, dead_letters, messages, queues, topics
 
 urlpatterns = [
-    path("", views.dashboard, name="dashboard"),
-    path("topics/", views.topics, name="topics"),
-    path("topics/new/", views.topic_new, name="topic-new"),
-    path("subscriptions/new/", views.subscription_new, name="subscription-new"),
+    path("", dashboard.dashboard, name="dashboard"),
+    path("topics/", topics.topics, name="topics"),
+    path("topics/new/", topics.topic_new, name="topic-new"),
+    path("subscriptions/new/", topics.subscription_new, name="subscription-new"),
     path(
-        "subscriptions/<path:name>/delete/", views.subscription_remove, name="subscription-delete"
+        "subscriptions/<path:name>/delete/", topics.subscription_remove, name="subscription-delete"
     ),
-    path("subscriptions/<path:name>/", views.subscription_edit, name="subscription-edit"),
-    path("queues/<path:name>/limits/", views.queue_limits, name="queue-limits"),
-    path("queues/<path:name>/settings/", views.queue_settings, name="queue-settings"),
-    path("queues/<path:name>/pause/", views.queue_pause_view, name="queue-pause"),
-    path("queues/<path:name>/purge/", views.queue_purge_view, name="queue-purge"),
-    path("queues/<path:name>/", views.queue_detail, name="queue"),
-    path("messages/", browse.message_list, name="messages"),
-    path("messages/<int:message_id>/", browse.message_detail, name="message"),
-    path("messages/<int:message_id>/payload/", browse.message_payload, name="message-payload"),
-    path("messages/<int:message_id>/dump/", browse.message_dump, name="message-dump"),
-    path("messages/<int:message_id>/release/", browse.message_release_view, name="message-release"),
-    path("messages/<int:message_id>/fail/", browse.message_fail_view, name="message-fail"),
-    path("messages/<int:message_id>/purge/", browse.message_purge_view, name="message-purge"),
+    path("subscriptions/<path:name>/", topics.subscription_edit, name="subscription-edit"),
+    path("queues/<path:name>/limits/", queues.queue_limits, name="queue-limits"),
+    path("queues/<path:name>/settings/", queues.queue_settings, name="queue-settings"),
+    path("queues/<path:name>/pause/", queues.queue_pause_view, name="queue-pause"),
+    path("queues/<path:name>/purge/", queues.queue_purge_view, name="queue-purge"),
+    path("queues/<path:name>/", queues.queue_detail, name="queue"),
+    path("messages/", messages.message_list, name="messages"),
+    path("messages/<int:message_id>/", messages.message_detail, name="message"),
+    path("messages/<int:message_id>/payload/", messages.message_payload, name="message-payload"),
+    path("messages/<int:message_id>/dump/", messages.message_dump, name="message-dump"),
+    path(
+        "messages/<int:message_id>/release/", messages.message_release_view, name="message-release"
+    ),
+    path("messages/<int:message_id>/fail/", messages.message_fail_view, name="message-fail"),
+    path("messages/<int:message_id>/purge/", messages.message_purge_view, name="message-purge"),
     path(
         "messages/<int:message_id>/resubmit/",
-        browse.message_resubmit_view,
+        messages.message_resubmit_view,
         name="message-resubmit",
     ),
-    path("blacklist/", browse.blacklist, name="blacklist"),
-    path("blacklist/bulk/", browse.blacklist_bulk, name="blacklist-bulk"),
-    path("jobs/<int:job_id>/", browse.bulk_job_page, name="bulk-job"),
-    path("audit/", browse.audit_log, name="audit"),
+    path("blacklist/", blacklist.blacklist, name="blacklist"),
+    path("blacklist/bulk/", blacklist.blacklist_bulk, name="blacklist-bulk"),
+    path("jobs/<int:job_id>/", blacklist.bulk_job_page, name="bulk-job"),
+    path("audit/", audit.audit_log, name="audit"),
     path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
     path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),
     path(
@@ -74,4 +76,4 @@ urlpatterns = [
     ),
 ]
 
-handler404 = "console.views.not_found"
+handler404 = "console.views.common.not_found"

@@ -1,11 +1,12 @@
-"""Console pages for dead-letter queues and their rules tables."""
+"""Dead-letter queues: their waiting messages by reason, retry, forward or
+discard one, apply the rules now; the rules table editor, its versions,
+activation and rollback."""
 
 from __future__ import annotations
 
 import difflib
 from typing import Any
 
-from django import forms
 from django.contrib import messages as flash
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
@@ -29,8 +30,12 @@ from broker.services.transitions.dead_lettered import (
     message_forward,
     message_retry,
 )
+from console.forms import RulesForm
 from console.roles import Role, user_role
-from console.views import HtmxHttpRequest, role_required
+from console.views.common import (
+    HtmxHttpRequest,
+    role_required,
+)
 
 
 def _dead_letter_queue(name: str) -> Queue:
@@ -126,15 +131,6 @@ def dead_letter_apply_rules(request: HtmxHttpRequest, name: str) -> HttpResponse
             f"discarded {result.discarded}, ignored {result.ignored}, failed {result.failed}.",
         )
     return redirect("dead-letter-queue", name=name)
-
-
-class RulesForm(forms.Form):
-    text = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false", "class": "code"}),
-        strip=False,
-        max_length=200_000,
-        label="Rules table (runmqdlq syntax)",
-    )
 
 
 def _numbered(text: str, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,73 @@
+"""The blacklist: NDLV messages, live; bulk release, fail or purge by
+selection or by filter, and the bulk job's progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages as flash
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from broker.errors import BrokerError
+from broker.models import BulkJob, MessageState
+from broker.selectors import MessageFilter
+from broker.services.bulk import bulk_job_submit, bulk_preview
+from console.forms import BulkForm, MessageFilterForm
+from console.roles import Role
+from console.views.common import (
+    HtmxHttpRequest,
+    role_required,
+)
+from console.views.messages import message_table
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def blacklist(request: HtmxHttpRequest) -> HttpResponse:
+    return message_table(request, "console/blacklist.html", {"state": MessageState.NOT_DELIVERABLE})
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
+    """Act on the selected rows, or (after a preview and a confirmation) on
+    every blacklisted message the filter matches, as a background job."""
+    form = BulkForm(request.POST)
+    filters = MessageFilterForm(request.POST)
+    if not form.is_valid() or not filters.is_valid():
+        flash.error(request, "Choose an action and what to apply it to.")
+        return redirect("blacklist")
+    data = form.cleaned_data
+    if data["scope"] == "filter":
+        chosen = MessageFilter(
+            **{k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
+        )
+        if not data["confirmed"]:
+            return render(
+                request,
+                "console/bulk_confirm.html",
+                {"form": form, "count": bulk_preview(filters=chosen), "filters": request.POST},
+            )
+        selection: dict[str, Any] = {"filters": chosen}
+    else:
+        selection = {"message_ids": data["ids"]}
+    try:
+        job = bulk_job_submit(
+            action=data["action"], actor=request.user, reason=data["note"], **selection
+        )
+    except BrokerError as error:
+        flash.error(request, error.detail)
+        return redirect("blacklist")
+    return redirect("bulk-job", job_id=job.id)
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def bulk_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
+    job = BulkJob.objects.filter(id=job_id).first()
+    if job is None:
+        raise Http404(f"There is no job {job_id}.")
+    template = "console/bulk_job.html"
+    return render(request, f"{template}#job-progress" if request.htmx else template, {"job": job})
