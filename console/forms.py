@@ -1,6 +1,6 @@
 """Console forms: they parse and check the shape of input; the broker
-services decide and report domain errors, which ``add_service_errors`` puts
-beside the fields they name."""
+services decide and report domain errors, which the views put beside the
+fields they name (``console.views.common.service_errors``)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,12 @@ from typing import Any
 
 from django import forms
 
-from broker.errors import BrokerError
-from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue, QueueKind, Topic
+from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue
+from broker.selectors import dead_letter_queue_list, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
-
-
-def add_service_errors(form: forms.BaseForm, error: BrokerError) -> None:
-    """Show a service's error beside the fields it names (or above the form)."""
-    if not error.field_errors:
-        form.add_error(None, error.detail)
-    for field, messages in error.field_errors.items():
-        target = field if field in form.fields else None
-        for message in messages:
-            form.add_error(target, message)
 
 
 class LimitFields(forms.Form):
@@ -57,7 +47,7 @@ class SubscriptionEditForm(LimitFields):
 
 class SubscriptionForm(SubscriptionEditForm):
     name = forms.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
-    topic = forms.ModelChoiceField(queryset=Topic.objects.order_by("name"), to_field_name="name")
+    topic = forms.ModelChoiceField(queryset=topic_list(), to_field_name="name")
     queue = forms.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, help_text="Its own queue; created if it does not exist."
     )
@@ -66,7 +56,7 @@ class SubscriptionForm(SubscriptionEditForm):
 
 class QueueSettingsForm(forms.ModelForm):
     dead_letter_queue = forms.ModelChoiceField(
-        queryset=Queue.objects.filter(kind=QueueKind.DEAD_LETTER).order_by("name"),
+        queryset=dead_letter_queue_list(),
         to_field_name="name",
         required=False,
     )

@@ -56,3 +56,22 @@ def test_each_not_found_error_is_a_not_found_and_keeps_its_code(error, code):
 def test_other_errors_keep_their_status():
     assert answer(errors.QueueInUse("busy")).status_code == 409
     assert answer(errors.BrokerError("odd")).status_code == 400
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("/api/v1/queues/NOPE/", "queue_not_found"),
+        ("/api/v1/queues/NOPE/messages/", "queue_not_found"),
+        ("/api/v1/messages/999999/", "message_not_found"),
+        ("/api/v1/topics/NOPE/", "topic_not_found"),
+        ("/api/v1/subscriptions/NOPE/", "subscription_not_found"),
+        ("/api/v1/rule-tables/999999/", "rule_table_not_found"),
+    ],
+)
+def test_unknown_things_are_404_with_their_code(viewer_api, path, code):
+    response = viewer_api.get(path)
+
+    assert response.status_code == 404
+    assert response.json()["code"] == code

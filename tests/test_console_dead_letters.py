@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import pytest
 from django.test import Client
@@ -166,3 +167,88 @@ def test_viewers_check_but_do_not_save(viewer, dead):
 
 def test_a_standard_queue_has_no_dead_letter_pages(viewer, orders):
     assert logged_in(viewer).get("/dead-letters/ORDERS.IN/").status_code == 404
+
+
+def error_beside(html: str, field: str) -> str:
+    match = re.search(rf'id="id_{field}-error">([^<]*)<', html)
+    assert match, f"no error beside {field}"
+    return unescape(match.group(1))
+
+
+@pytest.mark.parametrize("intent", ["activate", "save"])
+def test_a_whitespace_only_table_is_an_error_beside_the_field_and_nothing_is_stored(admin, intent):
+    response = logged_in(admin).post(f"{BASE}rules/", {"text": "  \n\t\n", "intent": intent})
+
+    assert response.status_code == 200
+    assert error_beside(response.content.decode(), "text") == "Enter a table."
+    assert not RuleTable.objects.exists()
+    assert not AuditEvent.objects.filter(action__startswith="rule_table").exists()
+
+
+def test_a_table_with_errors_saved_and_activated_says_why_beside_the_field(admin):
+    response = logged_in(admin).post(
+        f"{BASE}rules/", {"text": "ACTION(FWD)\n", "intent": "activate"}
+    )
+
+    assert response.status_code == 200
+    assert "cannot be activated" in error_beside(response.content.decode(), "text")
+    assert not RuleTable.objects.exists()
+
+
+@pytest.mark.parametrize("intent", ["save", "activate"])
+def test_viewers_and_operators_cannot_save_or_activate_from_the_editor(viewer, operator, intent):
+    for user in (viewer, operator):
+        response = logged_in(user).post(
+            f"{BASE}rules/", {"text": "ACTION(IGNORE)\n", "intent": intent}
+        )
+        assert response.status_code == 403
+
+    assert not RuleTable.objects.exists()
+
+
+@pytest.mark.parametrize("intent", ["check", "dry-run"])
+def test_viewers_check_and_dry_run_in_the_editor(viewer, dead, intent):
+    response = logged_in(viewer).post(
+        f"{BASE}rules/", {"text": "ACTION(DISCARD)\n", "intent": intent}
+    )
+
+    assert response.status_code == 200
+    assert "Valid: 1 rule." in response.content.decode()
+    assert Message.objects.filter(queue__name=DLQ).count() == 3
+    assert not RuleTable.objects.exists()
+
+
+def test_rolling_back_without_history_says_why_in_the_flash_area(admin):
+    response = logged_in(admin).post(f"{BASE}rules/rollback/", follow=True)
+
+    assert response.redirect_chain[-1][0] == f"{BASE}rules/"
+    assert re.search(
+        r'<li class="error">[^<]*has no earlier active rules table',
+        unescape(response.content.decode()),
+    )
+
+
+def test_activating_a_version_with_errors_says_why_in_the_flash_area(admin):
+    table = rule_table_create(queue=Queue.objects.get(name=DLQ), text="ACTION(FWD)\n")
+
+    response = logged_in(admin).post(f"{BASE}rules/{table.version}/activate/", follow=True)
+
+    assert re.search(r'<li class="error">Version 1 has 1 error\(s\)', response.content.decode())
+    assert RuleTable.objects.get().status == "draft"
+
+
+def test_a_row_action_shows_its_outcome_in_the_row_only(operator, dead):
+    client = logged_in(operator)
+
+    refused = client.post(
+        f"{BASE}messages/{dead[0]}/forward/", {"queue": "NO.SUCH"}, headers={"HX-Request": "true"}
+    ).content.decode()
+    done = client.post(
+        f"{BASE}messages/{dead[1]}/discard/", headers={"HX-Request": "true"}
+    ).content.decode()
+    later = client.get(BASE).content.decode()
+
+    assert re.search(r'<span class="outcome bad" role="status">There is no queue named', refused)
+    assert f'<span class="outcome ok" role="status">Message {dead[1]} discarded.' in done
+    assert "There is no queue named" not in later  # consumed by the row, not shown again
+    assert "discarded." not in later

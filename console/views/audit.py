@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from django.http import HttpResponse
-from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from broker.models import AuditEvent
 from broker.selectors import AuditFilter, audit_page
 from console.forms import AuditFilterForm
 from console.roles import Role
-from console.views.common import (
-    HtmxHttpRequest,
-    role_required,
-)
+from console.views.common import HtmxHttpRequest, page, role_required
 
 
 @require_GET
@@ -41,5 +37,4 @@ def audit_log(request: HtmxHttpRequest) -> HttpResponse:
         "next_before": next_before,
         "query": query.urlencode(),
     }
-    template = "console/audit.html"
-    return render(request, f"{template}#audit-table" if request.htmx else template, context)
+    return page(request, "console/audit.html", "audit-table", context)

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import messages as flash
-from django.http import Http404, HttpResponse
+from django.contrib import messages
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from broker.errors import BrokerError
-from broker.models import BulkJob, MessageState
-from broker.selectors import MessageFilter
+from broker.models import MessageState
+from broker.selectors import MessageFilter, bulk_job_get
 from broker.services.bulk import bulk_job_submit, bulk_preview
 from console.forms import BulkForm, MessageFilterForm
 from console.roles import Role
-from console.views.common import (
-    HtmxHttpRequest,
-    role_required,
-)
+from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors
 from console.views.messages import message_table
 
 
@@ -37,7 +33,7 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
     form = BulkForm(request.POST)
     filters = MessageFilterForm(request.POST)
     if not form.is_valid() or not filters.is_valid():
-        flash.error(request, "Choose an action and what to apply it to.")
+        messages.error(request, "Choose an action and what to apply it to.")
         return redirect("blacklist")
     data = form.cleaned_data
     if data["scope"] == "filter":
@@ -53,21 +49,16 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
         selection: dict[str, Any] = {"filters": chosen}
     else:
         selection = {"message_ids": data["ids"]}
-    try:
+    with service_errors(request):
         job = bulk_job_submit(
             action=data["action"], actor=request.user, reason=data["note"], **selection
         )
-    except BrokerError as error:
-        flash.error(request, error.detail)
-        return redirect("blacklist")
-    return redirect("bulk-job", job_id=job.id)
+        return redirect("bulk-job", job_id=job.id)
+    return redirect("blacklist")
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def bulk_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
-    job = BulkJob.objects.filter(id=job_id).first()
-    if job is None:
-        raise Http404(f"There is no job {job_id}.")
-    template = "console/bulk_job.html"
-    return render(request, f"{template}#job-progress" if request.htmx else template, {"job": job})
+    job = found(bulk_job_get, job_id=job_id)
+    return page(request, "console/bulk_job.html", "job-progress", {"job": job})

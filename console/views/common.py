@@ -1,24 +1,27 @@
 """What every console view shares: the typed request, the page-or-partial
-renderer, role checks, the 404 page, and the helpers that turn broker
-errors into something the operator sees."""
+renderer, one role check, one not-found path, and one way to show a broker
+error to the operator."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.messages.storage.base import Message
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django_htmx.middleware import HtmxDetails
 
-from broker.errors import BrokerError, QueueNotFound, SubscriptionNotFound
+from broker.errors import BrokerError, NotFound
 from console.api.errors import not_found_json
-from console.forms import add_service_errors
 from console.roles import Role, user_role
 
 
@@ -31,14 +34,24 @@ T = TypeVar("T")
 F = TypeVar("F", bound=forms.Form)
 
 
+# --- roles --------------------------------------------------------------------
+
+
+def require_role(request: HttpRequest, role: Role) -> None:
+    """Refuse (403) a user whose role is below ``role``. The one role check:
+    the ``role_required`` decorator calls it, and so does a view whose POST
+    needs more than its GET."""
+    if user_role(request.user) < role:
+        raise PermissionDenied(f"This needs the {role.label} role.")
+
+
 def role_required(role: Role) -> Callable[[View], View]:
-    """Login, then at least ``role``; anything less is 403."""
+    """Login, then ``require_role(role)``."""
 
     def decorate(view: View) -> View:
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            if user_role(request.user) < role:
-                raise PermissionDenied("Your role does not allow this.")
+            require_role(request, role)
             return view(request, *args, **kwargs)
 
         return login_required(wrapped)
@@ -46,12 +59,86 @@ def role_required(role: Role) -> Callable[[View], View]:
     return decorate
 
 
-def found(getter: Callable[..., T], **kwargs: Any) -> T:
-    """What ``getter`` finds, or a 404 page."""
+# --- not found ----------------------------------------------------------------
+
+
+def found(getter: Callable[..., T], /, **kwargs: Any) -> T:
+    """``getter(**kwargs)``, a selector or service getter, or the 404 page
+    when what it looks for does not exist (any ``broker.errors.NotFound``)."""
     try:
         return getter(**kwargs)
-    except (QueueNotFound, SubscriptionNotFound) as error:
+    except NotFound as error:
         raise Http404(error.detail) from None
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler404: JSON under /api/, else the 404 page with what was missing."""
+    if request.path.startswith("/api/"):
+        return not_found_json(request, exception)
+    # Http404(detail) from found(); a URL that resolves nowhere carries a dict.
+    detail = exception.args[0] if exception is not None and exception.args else ""
+    context = {"detail": detail if isinstance(detail, str) else ""}
+    return render(request, "404.html", context, status=404)
+
+
+# --- broker errors --------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """How the service calls inside ``service_errors`` went."""
+
+    ok: bool = True
+    error: BrokerError | None = None
+
+
+@contextmanager
+def service_errors(
+    request: HttpRequest, *, form: forms.BaseForm | None = None, field: str | None = None
+) -> Iterator[Outcome]:
+    """The one way a view shows a ``BrokerError`` raised by the service calls
+    in its ``with`` block: the block stops there, ``outcome.ok`` turns False,
+    and the error goes beside the fields of ``form`` it names (errors naming
+    no field of the form go beside ``field``, else above the form), or,
+    without a form, to the flash area. Anything else propagates.
+
+        with service_errors(request, form=form):
+            queue_purge(queue=queue, confirmation=..., actor=request.user)
+            messages.success(request, "Purged.")
+            return redirect("queue", name=queue.name)
+        return render(...)  # the form, with the error beside its field
+    """
+    outcome = Outcome()
+    try:
+        yield outcome
+    except BrokerError as error:
+        outcome.ok, outcome.error = False, error
+        if form is None:
+            messages.error(request, error.detail)
+        else:
+            _add_to_form(form, error, fallback=field)
+
+
+def _add_to_form(form: forms.BaseForm, error: BrokerError, *, fallback: str | None) -> None:
+    """``error`` beside the fields it names, the rest beside ``fallback`` (or
+    above the form)."""
+    default = fallback if fallback in form.fields else None
+    if not error.field_errors:
+        form.add_error(default, error.detail)
+    for name, problems in error.field_errors.items():
+        target = name if name in form.fields else default
+        for problem in problems:
+            form.add_error(target, problem)
+
+
+def flashed(request: HttpRequest) -> list[Message]:
+    """The flash messages waiting for this request, consumed: for an answer
+    that shows them in place (a table row swapped in by htmx) rather than on
+    the next page."""
+    return list(messages.get_messages(request))
+
+
+# --- rendering and forms --------------------------------------------------------
 
 
 def page(
@@ -59,6 +146,15 @@ def page(
 ) -> HttpResponse:
     """The whole page, or only ``region`` when htmx asks."""
     return render(request, f"{template}#{region}" if request.htmx else template, context)
+
+
+def back(request: HttpRequest, default: str) -> str:
+    """Where a plain post goes back to: its ``next`` field when that stays on
+    this site, else ``default`` (a URL name or path)."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return default
 
 
 def prefilled_form(form_class: type[F], request: HttpRequest, instance: object) -> F:
@@ -72,23 +168,13 @@ def form_saved(
 ) -> bool:
     """For an admin's POST: save the form's data through the service ``save``
     and say ``done`` (formatted with the data); service errors go beside the
-    fields. Anyone else's POST is refused."""
+    fields. A GET saves nothing; anyone else's POST is refused."""
     if request.method != "POST":
         return False
-    if user_role(request.user) < Role.ADMIN:
-        raise PermissionDenied("Only admins change this.")
+    require_role(request, Role.ADMIN)
     if not form.is_valid():
         return False
-    try:
+    with service_errors(request, form=form) as outcome:
         save(**form.cleaned_data)
-    except BrokerError as error:
-        add_service_errors(form, error)
-        return False
-    messages.success(request, done.format(**form.cleaned_data))
-    return True
-
-
-def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return not_found_json(request, exception)
-    return render(request, "404.html", status=404)
+        messages.success(request, done.format(**form.cleaned_data))
+    return outcome.ok

@@ -1,26 +1,35 @@
-"""Dead-letter queues: their waiting messages by reason, retry, forward or
-discard one, apply the rules now; the rules table editor, its versions,
-activation and rollback."""
+"""Dead-letter queues: their waiting messages by reason and origin; retry,
+forward or discard one; apply the active rules now; and the rules table
+editor with its versions, activation and rollback."""
 
 from __future__ import annotations
 
 import difflib
 from typing import Any
 
-from django.contrib import messages as flash
-from django.core.exceptions import PermissionDenied
+from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from broker.errors import BrokerError, QueueNotFound
-from broker.models import Queue, QueueKind, RuleTable, RuleTableStatus
-from broker.selectors import MessageFilter, dead_letter_groups, messages_page
+from broker.models import Queue, RuleTable
+from broker.selectors import (
+    MessageFilter,
+    active_rule_table,
+    dead_letter_groups,
+    dead_letter_queue_get,
+    dead_letter_queue_list,
+    messages_page,
+    queue_names,
+    rule_table_version,
+    rule_table_version_before,
+    rule_table_versions,
+)
 from broker.services.dead_letters import dead_letter_scan
-from broker.services.queues import queue_get
 from broker.services.rule_tables import (
     rule_table_activate,
     rule_table_create,
+    rule_table_create_and_activate,
     rule_table_dry_run,
     rule_table_report,
     rule_table_rollback,
@@ -31,53 +40,41 @@ from broker.services.transitions.dead_lettered import (
     message_retry,
 )
 from console.forms import RulesForm
-from console.roles import Role, user_role
+from console.roles import Role
 from console.views.common import (
     HtmxHttpRequest,
+    flashed,
+    found,
+    page,
+    require_role,
     role_required,
+    service_errors,
 )
-
-
-def _dead_letter_queue(name: str) -> Queue:
-    try:
-        queue = queue_get(name=name)
-    except QueueNotFound as error:
-        raise Http404(error.detail) from None
-    if queue.kind != QueueKind.DEAD_LETTER:
-        raise Http404(f"{name} is not a dead-letter queue.")
-    return queue
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def dead_letter_queues(request: HttpRequest) -> HttpResponse:
-    queues = Queue.objects.filter(kind=QueueKind.DEAD_LETTER).order_by("name")
-    return render(request, "console/dead_letter_queues.html", {"queues": queues})
-
-
-def _queue_page(request: HtmxHttpRequest, queue: Queue, **extra: Any) -> HttpResponse:
-    before = request.GET.get("before", "")
-    page = messages_page(
-        filters=MessageFilter(queue=queue.name, state="TBDL"),
-        before=int(before) if before.isdigit() else None,
-    )
-    context = {
-        "queue": queue,
-        "groups": dead_letter_groups(queue=queue),
-        "page": page,
-        "active": queue.rule_tables.filter(status=RuleTableStatus.ACTIVE).first(),
-        "targets": Queue.objects.exclude(id=queue.id)
-        .order_by("name")
-        .values_list("name", flat=True),
-        **extra,
-    }
-    return render(request, "console/dead_letter_queue.html", context)
+    context = {"queues": dead_letter_queue_list()}
+    return render(request, "console/dead_letter_queues.html", context)
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    return _queue_page(request, _dead_letter_queue(name))
+    queue = found(dead_letter_queue_get, name=name)
+    before = request.GET.get("before", "")
+    context = {
+        "queue": queue,
+        "groups": dead_letter_groups(queue=queue),
+        "page": messages_page(
+            filters=MessageFilter(queue=queue.name, state="TBDL"),
+            before=int(before) if before.isdigit() else None,
+        ),
+        "active": active_rule_table(queue=queue),
+        "targets": queue_names(exclude=queue),
+    }
+    return render(request, "console/dead_letter_queue.html", context)
 
 
 @require_POST
@@ -85,34 +82,30 @@ def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def dead_letter_act(
     request: HtmxHttpRequest, name: str, message_id: int, verb: str
 ) -> HttpResponse:
-    """Retry, forward or discard one message; the outcome shows in its row."""
-    queue = _dead_letter_queue(name)
+    """Retry, forward or discard one message. Its outcome is a flash
+    message: shown in the message's row when htmx asked, else on the queue's
+    page."""
+    queue = found(dead_letter_queue_get, name=name)
     if verb not in {"retry", "forward", "discard"}:
         raise Http404(f"No action {verb!r}.")
     reason = request.POST.get("reason", "")[:500]
-    try:
+    with service_errors(request):
         if verb == "retry":
             message_retry(message_id=message_id, actor=request.user, reason=reason)
-            outcome = f"Message {message_id} is back on its original queue."
+            done = f"Message {message_id} is back on its original queue."
         elif verb == "forward":
             target = request.POST.get("queue", "")
             message_forward(
                 message_id=message_id, queue_name=target, actor=request.user, reason=reason
             )
-            outcome = f"Message {message_id} forwarded to {target}."
+            done = f"Message {message_id} forwarded to {target}."
         else:
             message_discard(message_id=message_id, actor=request.user, reason=reason)
-            outcome = f"Message {message_id} discarded."
-        ok = True
-    except BrokerError as error:
-        outcome, ok = error.detail, False
+            done = f"Message {message_id} discarded."
+        messages.success(request, done)
     if request.htmx:
-        return render(
-            request,
-            "console/_outcome_row.html",
-            {"message_id": message_id, "outcome": outcome, "ok": ok},
-        )
-    (flash.success if ok else flash.error)(request, outcome)
+        context = {"message_id": message_id, "outcomes": flashed(request)}
+        return render(request, "console/_outcome_row.html", context)
     return redirect("dead-letter-queue", name=queue.name)
 
 
@@ -120,12 +113,13 @@ def dead_letter_act(
 @role_required(Role.OPERATOR)
 def dead_letter_apply_rules(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Run one scan of the queue under its active rules table now."""
-    queue = _dead_letter_queue(name)
-    if not queue.rule_tables.filter(status=RuleTableStatus.ACTIVE).exists():
-        flash.error(request, f"{name} has no active rules table.")
-    else:
+    queue = found(dead_letter_queue_get, name=name)
+    if active_rule_table(queue=queue) is None:
+        messages.error(request, f"{name} has no active rules table.")
+        return redirect("dead-letter-queue", name=name)
+    with service_errors(request):
         result = dead_letter_scan(queue=queue)
-        flash.success(
+        messages.success(
             request,
             f"Examined {result.examined}: retried {result.retried}, forwarded {result.forwarded}, "
             f"discarded {result.discarded}, ignored {result.ignored}, failed {result.failed}.",
@@ -150,10 +144,11 @@ def _numbered(text: str, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @role_required(Role.VIEWER)
 def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Edit a new draft: check it (errors at their lines), dry-run it against
-    the queue, save it, activate it; see the history and roll back."""
-    queue = _dead_letter_queue(name)
-    versions = list(queue.rule_tables.order_by("-version"))
-    active = next((table for table in versions if table.status == RuleTableStatus.ACTIVE), None)
+    the queue (anyone); save it, or save and activate it (admins); see the
+    history and roll back."""
+    queue = found(dead_letter_queue_get, name=name)
+    versions = rule_table_versions(queue=queue)
+    active = active_rule_table(queue=queue)
     # The editor starts from the active version, else the newest draft.
     start = active or (versions[0] if versions else None)
     form = RulesForm(request.POST or None, initial={"text": start.text if start else ""})
@@ -164,68 +159,48 @@ def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
         context.update(report=report, lines=_numbered(text, report["errors"]))
         intent = request.POST.get("intent", "check")
         if intent in {"save", "activate"}:
-            if user_role(request.user) < Role.ADMIN:
-                raise PermissionDenied("Only admins change rules tables.")
-            return _save(
-                request, queue, text, activate=intent == "activate", report=report, context=context
-            )
-        if intent == "dry-run" and report["valid"]:
-            context["dry_run"] = rule_table_dry_run(
-                table=RuleTable(queue=queue, text=text, version=0)
-            )
-    return render(
-        request,
-        "console/rules.html#rules-result" if request.htmx else "console/rules.html",
-        context,
-    )
+            require_role(request, Role.ADMIN)
+            with service_errors(request, form=form, field="text"):
+                return _save(request, queue, text, activate=intent == "activate")
+        elif intent == "dry-run" and report["valid"]:
+            with service_errors(request, form=form, field="text"):
+                draft = RuleTable(queue=queue, text=text, version=0)
+                context["dry_run"] = rule_table_dry_run(table=draft)
+    return page(request, "console/rules.html", "rules-result", context)
 
 
-def _save(
-    request: HtmxHttpRequest,
-    queue: Queue,
-    text: str,
-    *,
-    activate: bool,
-    report: dict[str, Any],
-    context: dict[str, Any],
-) -> HttpResponse:
-    if activate and not report["valid"]:
-        context["problem"] = "A table with errors cannot be activated; it was not saved."
-        return render(request, "console/rules.html", context)
-    table = rule_table_create(queue=queue, text=text, actor=request.user)
+def _save(request: HtmxHttpRequest, queue: Queue, text: str, *, activate: bool) -> HttpResponse:
+    """A new version of ``text``: a draft, or the active version at once.
+    Either stores nothing when the broker refuses it."""
     if activate:
-        rule_table_activate(table=table, actor=request.user)
-        flash.success(
+        table = rule_table_create_and_activate(queue=queue, text=text, actor=request.user)
+        messages.success(
             request, f"Version {table.version} is active; the handler uses it from its next scan."
         )
     else:
-        flash.success(request, f"Saved as draft version {table.version}.")
+        table = rule_table_create(queue=queue, text=text, actor=request.user)
+        messages.success(request, f"Saved as draft version {table.version}.")
     return redirect("rules-editor", name=queue.name)
 
 
 @require_POST
 @role_required(Role.ADMIN)
 def rules_activate(request: HttpRequest, name: str, version: int) -> HttpResponse:
-    queue = _dead_letter_queue(name)
-    table = queue.rule_tables.filter(version=version).first()
-    if table is None:
-        raise Http404(f"{name} has no version {version}.")
-    try:
+    queue = found(dead_letter_queue_get, name=name)
+    table = found(rule_table_version, queue=queue, version=version)
+    with service_errors(request):
         rule_table_activate(table=table, actor=request.user)
-        flash.success(request, f"Version {version} is active.")
-    except BrokerError as error:
-        flash.error(request, error.detail)
+        messages.success(request, f"Version {version} is active.")
     return redirect("rules-editor", name=name)
 
 
 @require_POST
 @role_required(Role.ADMIN)
 def rules_rollback(request: HttpRequest, name: str) -> HttpResponse:
-    try:
-        table = rule_table_rollback(queue=_dead_letter_queue(name), actor=request.user)
-        flash.success(request, f"Rolled back: version {table.version} is active again.")
-    except BrokerError as error:
-        flash.error(request, error.detail)
+    queue = found(dead_letter_queue_get, name=name)
+    with service_errors(request):
+        table = rule_table_rollback(queue=queue, actor=request.user)
+        messages.success(request, f"Rolled back: version {table.version} is active again.")
     return redirect("rules-editor", name=name)
 
 
@@ -233,11 +208,9 @@ def rules_rollback(request: HttpRequest, name: str) -> HttpResponse:
 @role_required(Role.VIEWER)
 def rules_version(request: HttpRequest, name: str, version: int) -> HttpResponse:
     """One version's text, with its differences from the version before."""
-    queue = _dead_letter_queue(name)
-    table = queue.rule_tables.filter(version=version).first()
-    if table is None:
-        raise Http404(f"{name} has no version {version}.")
-    previous = queue.rule_tables.filter(version__lt=version).order_by("-version").first()
+    queue = found(dead_letter_queue_get, name=name)
+    table = found(rule_table_version, queue=queue, version=version)
+    previous = rule_table_version_before(table=table)
     diff = difflib.unified_diff(
         (previous.text if previous else "").splitlines(),
         table.text.splitlines(),
@@ -245,8 +218,5 @@ def rules_version(request: HttpRequest, name: str, version: int) -> HttpResponse
         tofile=f"version {version}",
         lineterm="",
     )
-    return render(
-        request,
-        "console/rules_version.html",
-        {"queue": queue, "table": table, "previous": previous, "diff": list(diff)},
-    )
+    context = {"queue": queue, "table": table, "previous": previous, "diff": list(diff)}
+    return render(request, "console/rules_version.html", context)

@@ -6,46 +6,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.contrib import messages as flash
+from django.contrib import messages
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from broker.errors import BrokerError, MessageNotFound
+from broker.errors import MessageNotFound
 from broker.models import Message
 from broker.selectors import MessageFilter, message_get, message_timeline, messages_page
 from broker.services.dumps import dump_path_for
 from broker.services.transitions.blacklist import message_fail, message_purge, message_release
 from broker.services.transitions.resubmit import message_resubmit
-from console.forms import MessageFilterForm, ResubmitForm, add_service_errors
+from console.forms import MessageFilterForm, ResubmitForm
 from console.payloads import payload_view
 from console.roles import Role
 from console.views.common import (
     HtmxHttpRequest,
+    back,
+    flashed,
+    found,
+    page,
     role_required,
+    service_errors,
 )
-
-
-def _message_or_404(message_id: int) -> Message:
-    try:
-        return message_get(message_id=message_id)
-    except MessageNotFound as error:
-        raise Http404(error.detail) from None
 
 
 def message_table(request: HtmxHttpRequest, template: str, fixed: dict[str, str]) -> HttpResponse:
     """The message list of ``template`` under the GET filters (``fixed``
     overrides them: the blacklist is always state NDLV)."""
     form = MessageFilterForm({**request.GET.dict(), **fixed})
-    page = None
+    found_page = None
     if form.is_valid():
         data = {key: value for key, value in form.cleaned_data.items() if key != "before"}
-        page = messages_page(filters=MessageFilter(**data), before=form.cleaned_data["before"])
+        found_page = messages_page(
+            filters=MessageFilter(**data), before=form.cleaned_data["before"]
+        )
     query = request.GET.copy()
     query.pop("before", None)
-    context = {"form": form, "page": page, "query": query.urlencode()}
-    return render(request, f"{template}#message-table" if request.htmx else template, context)
+    context = {"form": form, "page": found_page, "query": query.urlencode()}
+    return page(request, template, "message-table", context)
 
 
 @require_GET
@@ -57,7 +56,7 @@ def message_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @role_required(Role.VIEWER)
 def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
-    message = _message_or_404(message_id)
+    message = found(message_get, message_id=message_id)
     return render(
         request,
         "console/message.html",
@@ -73,7 +72,7 @@ def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
 @role_required(Role.VIEWER)
 def message_payload(request: HttpRequest, message_id: int) -> HttpResponse:
     """The whole payload as a download; never rendered by the browser."""
-    message = _message_or_404(message_id)
+    message = found(message_get, message_id=message_id)
     response = HttpResponse(bytes(message.payload), content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.id}.bin"'
     return response
@@ -84,36 +83,39 @@ def message_payload(request: HttpRequest, message_id: int) -> HttpResponse:
 def message_dump(request: HttpRequest, message_id: int) -> FileResponse:
     """The dump written when the message was blacklisted. The path comes
     from the ids, never from stored or submitted text."""
-    message = _message_or_404(message_id)
+    message = found(message_get, message_id=message_id)
     path = dump_path_for(queue_id=message.queue_id, message_id=message.id)
     if not message.dump_path or not path.is_file():
         raise Http404("No dump file for this message.")
     return FileResponse(path.open("rb"), as_attachment=True, filename=path.name)
 
 
+def _row_message(message_id: int) -> Message | None:
+    """The message as its row shows it after an action; None once purged."""
+    try:
+        return message_get(message_id=message_id)
+    except MessageNotFound:
+        return None
+
+
 def _act(
     request: HtmxHttpRequest, message_id: int, action: Callable[..., Any], done: str
 ) -> HttpResponse:
-    """Run an operator action; show the result in the message's row (htmx)
-    or back on the page the form came from."""
+    """Run an operator action on one message. Its outcome (``done``, or the
+    broker's refusal) is a flash message: shown in the message's row when
+    htmx asked, else on the page the form came from."""
     reason = request.POST.get("reason", "")[:500]
-    try:
+    with service_errors(request):
         action(message_id=message_id, actor=request.user, reason=reason)
-    except BrokerError as error:
-        outcome, ok = error.detail, False
-    else:
-        outcome, ok = done.format(id=message_id), True
+        messages.success(request, done.format(id=message_id))
     if request.htmx:
-        message = Message.objects.select_related("queue").filter(id=message_id).first()
-        return render(
-            request,
-            "console/_message_row.html",
-            {"message": message, "message_id": message_id, "outcome": outcome, "ok": ok},
-        )
-    (flash.success if ok else flash.error)(request, outcome)
-    back = request.POST.get("next", "")
-    safe = url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()})
-    return redirect(back if back and safe else "blacklist")
+        context = {
+            "message": _row_message(message_id),
+            "message_id": message_id,
+            "outcomes": flashed(request),
+        }
+        return render(request, "console/_message_row.html", context)
+    return redirect(back(request, default="blacklist"))
 
 
 @require_POST
@@ -141,7 +143,7 @@ def message_purge_view(request: HtmxHttpRequest, message_id: int) -> HttpRespons
 def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
     """Correct a blacklisted or dead-lettered message and publish the result
     as a new message; the original stays."""
-    original = _message_or_404(message_id)
+    original = found(message_get, message_id=message_id)
     try:
         text = bytes(original.payload).decode()
     except UnicodeDecodeError:
@@ -159,7 +161,7 @@ def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResp
     )
     if request.method == "POST" and text is not None and form.is_valid():
         data = form.cleaned_data
-        try:
+        with service_errors(request, form=form):
             copy_id = message_resubmit(
                 message_id=original.id,
                 queue_name=data["queue"],
@@ -169,10 +171,7 @@ def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResp
                 priority=data["priority"],
                 actor=request.user,
             )
-        except BrokerError as error:
-            add_service_errors(form, error)
-        else:
-            flash.success(request, f"Published the corrected copy as message {copy_id}.")
+            messages.success(request, f"Published the corrected copy as message {copy_id}.")
             return redirect("message", message_id=copy_id)
     return render(
         request,

@@ -10,11 +10,10 @@ from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from broker.errors import BrokerError
 from broker.models import MessageState, Queue
-from broker.selectors import QueueSummary, queue_depths
+from broker.selectors import queue_summary
 from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
-from console.forms import PurgeForm, QueueLimitsForm, QueueSettingsForm, add_service_errors
+from console.forms import PurgeForm, QueueLimitsForm, QueueSettingsForm
 from console.roles import Role
 from console.views.common import (
     HtmxHttpRequest,
@@ -23,14 +22,14 @@ from console.views.common import (
     page,
     prefilled_form,
     role_required,
+    service_errors,
 )
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def queue_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    queue = found(queue_get, name=name)
-    return _queue_page(request, queue)
+    return _queue_page(request, found(queue_get, name=name))
 
 
 def _queue_page(
@@ -39,13 +38,11 @@ def _queue_page(
     settings_form: QueueSettingsForm | None = None,
     purge_form: PurgeForm | None = None,
 ) -> HttpResponse:
-    summary = QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
     context = {
-        "summary": summary,
+        "summary": queue_summary(queue=queue),
         "queue": queue,
         "states": MessageState.values,
-        "settings_form": settings_form
-        or QueueSettingsForm(instance=Queue.objects.get(pk=queue.pk)),
+        "settings_form": settings_form or QueueSettingsForm(instance=queue),
         "purge_form": purge_form or PurgeForm(),
     }
     return page(request, "console/queue.html", "queue-panel", context)
@@ -56,7 +53,7 @@ def _queue_page(
 def queue_settings(request: HtmxHttpRequest, name: str) -> HttpResponse:
     queue = found(queue_get, name=name)
     # The form works on its own copy so the service still sees what changed.
-    form = QueueSettingsForm(request.POST, instance=Queue.objects.get(pk=queue.pk))
+    form = QueueSettingsForm(request.POST, instance=found(queue_get, name=name))
     save = partial(queue_update, queue=queue, actor=request.user)
     if form_saved(request, form, save, f"Settings of {name} saved.") and not request.htmx:
         return redirect("queue", name=name)
@@ -68,9 +65,10 @@ def queue_settings(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def queue_pause_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     queue = found(queue_get, name=name)
     paused = request.POST.get("paused") == "1"
-    queue_pause(queue=queue, paused=paused, actor=request.user)
-    messages.success(request, f"{name} {'paused' if paused else 'resumed'}.")
-    return redirect("queue", name=name) if not request.htmx else _queue_page(request, queue)
+    with service_errors(request):
+        queue_pause(queue=queue, paused=paused, actor=request.user)
+        messages.success(request, f"{name} {'paused' if paused else 'resumed'}.")
+    return _queue_page(request, queue) if request.htmx else redirect("queue", name=name)
 
 
 @require_POST
@@ -79,27 +77,23 @@ def queue_purge_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     queue = found(queue_get, name=name)
     form = PurgeForm(request.POST)
     if form.is_valid():
-        try:
+        with service_errors(request, form=form):
             deleted = queue_purge(
                 queue=queue, confirmation=form.cleaned_data["confirmation"], actor=request.user
             )
-        except BrokerError as error:
-            add_service_errors(form, error)
-        else:
             messages.success(request, f"Purged {deleted} waiting message(s) from {name}.")
-            return redirect("queue", name=name) if not request.htmx else _queue_page(request, queue)
+            return _queue_page(request, queue) if request.htmx else redirect("queue", name=name)
     return _queue_page(request, queue, purge_form=form)
 
 
 @require_http_methods(["GET", "POST"])
 @role_required(Role.VIEWER)
 def queue_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Everyone sees a queue's limits; admins change them."""
     queue = found(queue_get, name=name)
     form = prefilled_form(QueueLimitsForm, request, queue)
     save = partial(queue_update, queue=queue, actor=request.user)
     if form_saved(request, form, save, f"Limits of {name} saved.") and not request.htmx:
         return redirect("queue-limits", name=name)
-    summary = QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
-    return page(
-        request, "console/queue_limits.html", "limits-form", {"summary": summary, "form": form}
-    )
+    context = {"summary": queue_summary(queue=queue), "form": form}
+    return page(request, "console/queue_limits.html", "limits-form", context)

@@ -11,8 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from broker.models import Topic
-from broker.selectors import subscription_summaries
+from broker.selectors import subscription_summaries, topic_list
 from broker.services.topics import (
     subscription_create,
     subscription_delete,
@@ -29,6 +28,7 @@ from console.views.common import (
     page,
     prefilled_form,
     role_required,
+    service_errors,
 )
 
 
@@ -37,17 +37,13 @@ def _topics_page(
     topic_form: TopicForm | None = None,
     subscription_form: SubscriptionForm | None = None,
 ) -> HttpResponse:
-    return page(
-        request,
-        "console/topics.html",
-        "topics",
-        {
-            "topics": Topic.objects.order_by("name"),
-            "subscriptions": subscription_summaries(),
-            "topic_form": topic_form or TopicForm(),
-            "subscription_form": subscription_form or SubscriptionForm(),
-        },
-    )
+    context = {
+        "topics": topic_list(),
+        "subscriptions": subscription_summaries(),
+        "topic_form": topic_form or TopicForm(),
+        "subscription_form": subscription_form or SubscriptionForm(),
+    }
+    return page(request, "console/topics.html", "topics", context)
 
 
 @require_GET
@@ -83,22 +79,22 @@ def subscription_new(request: HtmxHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @role_required(Role.VIEWER)
 def subscription_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Everyone sees a subscription's filter and limit; admins change them."""
     subscription = found(subscription_get, name=name)
     form = prefilled_form(SubscriptionEditForm, request, subscription)
     save = partial(subscription_update, subscription=subscription, actor=request.user)
     if form_saved(request, form, save, f"Subscription {name} saved.") and not request.htmx:
         return redirect("subscription-edit", name=name)
-    return page(
-        request,
-        "console/subscription.html",
-        "subscription-form",
-        {"subscription": subscription, "form": form},
-    )
+    context = {"subscription": subscription, "form": form}
+    return page(request, "console/subscription.html", "subscription-form", context)
 
 
 @require_POST
 @role_required(Role.ADMIN)
 def subscription_remove(request: HttpRequest, name: str) -> HttpResponse:
-    subscription_delete(subscription=found(subscription_get, name=name), actor=request.user)
-    messages.success(request, f"Subscription {name} deleted; its queue and messages stay.")
-    return redirect("topics")
+    subscription = found(subscription_get, name=name)
+    with service_errors(request):
+        subscription_delete(subscription=subscription, actor=request.user)
+        messages.success(request, f"Subscription {name} deleted; its queue and messages stay.")
+        return redirect("topics")
+    return redirect("subscription-edit", name=name)
