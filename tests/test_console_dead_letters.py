@@ -11,6 +11,7 @@ from django.test import Client
 from broker.models import AuditEvent, Message, Queue, RuleTable
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
+from console.views import dead_letters as dead_letter_views
 from tests.walk import dead_lettered
 
 pytestmark = pytest.mark.django_db
@@ -193,6 +194,53 @@ def test_a_table_with_errors_saved_and_activated_says_why_beside_the_field(admin
     assert response.status_code == 200
     assert "cannot be activated" in error_beside(response.content.decode(), "text")
     assert not RuleTable.objects.exists()
+
+
+def test_warnings_show_at_their_lines_as_notes_and_the_table_stays_valid(admin):
+    text = "* park\nACTION(FWD) FWDQ(PARKED.Q) PUTAUT(DEF)\nACTION(IGNORE)\n"
+
+    html = (
+        logged_in(admin)
+        .post(f"{BASE}rules/", {"text": text, "intent": "check"}, headers={"HX-Request": "true"})
+        .content.decode()
+    )
+
+    assert "Valid: 2 rules. 1 note." in html
+    assert re.search(
+        r'<li id="line-2" class="has-warning".*?<p class="warning" data-line="2">'
+        r"note: line 2, column \d+: PUTAUT\(DEF\) has no effect here",
+        html,
+        re.S,
+    )
+    assert 'class="error" data-line' not in html
+
+
+def test_a_table_with_warnings_is_activated(admin):
+    logged_in(admin).post(
+        f"{BASE}rules/", {"text": "ACTION(IGNORE) PUTAUT(DEF)\n", "intent": "activate"}
+    )
+
+    assert RuleTable.objects.get().status == "active"
+
+
+def test_the_editor_works_with_a_report_that_has_no_warnings_key(admin, monkeypatch):
+    real = dead_letter_views.rule_table_report
+
+    def without_warnings(**kwargs):
+        report = real(**kwargs)
+        report.pop("warnings", None)
+        return report
+
+    monkeypatch.setattr(dead_letter_views, "rule_table_report", without_warnings)
+
+    html = (
+        logged_in(admin)
+        .post(f"{BASE}rules/", {"text": "ACTION(FLY)\n", "intent": "check"})
+        .content.decode()
+    )
+
+    assert re.search(r'data-line="1">line 1, column \d+: invalid ACTION', html)
+    assert 'class="warning"' not in html
 
 
 @pytest.mark.parametrize("intent", ["save", "activate"])

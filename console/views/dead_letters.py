@@ -127,15 +127,27 @@ def dead_letter_apply_rules(request: HtmxHttpRequest, name: str) -> HttpResponse
     return redirect("dead-letter-queue", name=name)
 
 
-def _numbered(text: str, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The table's lines, each with the errors found on it."""
-    by_line: dict[int, list[str]] = {}
-    for error in errors:
-        by_line.setdefault(error["line"], []).append(
-            f"column {error['column']}: {error['message']}"
-        )
+def _numbered(text: str, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's lines, each with the errors and the warnings (notes: they
+    do not make the table invalid) found on it."""
+
+    def by_line(findings: list[dict[str, Any]]) -> dict[int, list[str]]:
+        lines: dict[int, list[str]] = {}
+        for finding in findings:
+            lines.setdefault(finding["line"], []).append(
+                f"column {finding['column']}: {finding['message']}"
+            )
+        return lines
+
+    errors = by_line(report["errors"])
+    notes = by_line(report.get("warnings", []))
     return [
-        {"number": number, "text": line, "errors": by_line.get(number, [])}
+        {
+            "number": number,
+            "text": line,
+            "errors": errors.get(number, []),
+            "notes": notes.get(number, []),
+        }
         for number, line in enumerate(text.splitlines() or [""], start=1)
     ]
 
@@ -143,9 +155,9 @@ def _numbered(text: str, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @require_http_methods(["GET", "POST"])
 @role_required(Role.VIEWER)
 def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    """Edit a new draft: check it (errors at their lines), dry-run it against
-    the queue (anyone); save it, or save and activate it (admins); see the
-    history and roll back."""
+    """Edit a new draft: check it (errors and notes at their lines), dry-run
+    it against the queue (anyone); save it, or save and activate it (admins);
+    see the history and roll back."""
     queue = found(dead_letter_queue_get, name=name)
     versions = rule_table_versions(queue=queue)
     active = active_rule_table(queue=queue)
@@ -156,7 +168,7 @@ def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         text = form.cleaned_data["text"]
         report = rule_table_report(text=text, queue=queue)
-        context.update(report=report, lines=_numbered(text, report["errors"]))
+        context.update(report=report, lines=_numbered(text, report))
         intent = request.POST.get("intent", "check")
         if intent in {"save", "activate"}:
             require_role(request, Role.ADMIN)
