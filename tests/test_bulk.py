@@ -4,6 +4,7 @@ with progress."""
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 
 import pytest
 from django.test import Client
@@ -145,3 +146,83 @@ def test_workers_run_a_submitted_job(start_workers, operator):
         lambda: BulkJob.objects.filter(id=job.id, status="done").first(), timeout=60, what="the job"
     )
     assert Message.objects.filter(state="FAIL").count() == 1200
+
+
+class BulkFormFields(HTMLParser):
+    """The hidden fields a browser submits to /blacklist/bulk/: those inside a
+    form posting there, and those elsewhere naming the blacklist's bulk form
+    (form="bulk-form")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.fields: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "form":
+            self.inside = attributes.get("action") == "/blacklist/bulk/"
+        elif tag == "input" and attributes.get("type") == "hidden" and self.submits(attributes):
+            self.fields[attributes["name"] or ""] = attributes.get("value") or ""
+
+    def submits(self, attributes: dict[str, str | None]) -> bool:
+        return self.inside or attributes.get("form") == "bulk-form"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self.inside = False
+
+
+def bulk_form_fields(html: str) -> dict[str, str]:
+    parser = BulkFormFields()
+    parser.feed(html)
+    return parser.fields
+
+
+def test_apply_to_the_filter_acts_on_the_filter_shown_after_filtering_in_place(orders, operator):
+    queue_create(name="OTHER.Q")
+    blacklisted("ORDERS.IN", 3)
+    blacklisted("OTHER.Q", 2)
+    client = logged_in(operator)
+    loaded = client.get("/blacklist/", {"queue": "ORDERS.IN"}).content.decode()
+    # The operator filters again: htmx swaps #message-table (the end of the page) only.
+    swapped = client.get(
+        "/blacklist/", {"queue": "OTHER.Q"}, headers={"HX-Request": "true"}
+    ).content.decode()
+    page = loaded[: loaded.index('<div id="message-table"')] + swapped
+
+    form = {**bulk_form_fields(page), "action": "fail", "scope": "filter"}
+    confirmation = client.post("/blacklist/bulk/", form).content.decode()
+    client.post("/blacklist/bulk/", {**bulk_form_fields(confirmation), "action": "fail"})
+
+    assert 'data-confirm-count="2"' in confirmation
+    assert '<dd data-filter="queue">OTHER.Q</dd>' in confirmation
+    job = BulkJob.objects.get()
+    assert (job.filters, job.total) == ({"queue": "OTHER.Q"}, 2)
+
+
+def test_the_confirmation_states_the_filter_it_will_apply(orders, operator):
+    blacklisted("ORDERS.IN", 4)
+    form = {"action": "release", "scope": "filter", "queue": "ORDERS.IN", "text": "x"}
+
+    html = logged_in(operator).post("/blacklist/bulk/", form).content.decode()
+
+    assert "Release 4 blacklisted messages?" in html
+    assert '<dd data-filter="queue">ORDERS.IN</dd>' in html
+    assert '<dd data-filter="text">x</dd>' in html
+    assert 'data-filter="state"' not in html
+
+
+def test_the_confirmation_without_a_filter_says_it_takes_every_blacklisted_message(
+    orders, operator
+):
+    blacklisted("ORDERS.IN", 2)
+
+    html = (
+        logged_in(operator)
+        .post("/blacklist/bulk/", {"action": "purge", "scope": "filter"})
+        .content.decode()
+    )
+
+    assert "No filter: <strong>every</strong> blacklisted message will be purged." in html
+    assert "data-filter=" not in html

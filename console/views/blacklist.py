@@ -4,8 +4,10 @@ selection or by filter, and the bulk job's progress."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.forms import BoundField
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -25,6 +27,10 @@ def blacklist(request: HtmxHttpRequest) -> HttpResponse:
     return message_table(request, "console/blacklist.html", {"state": MessageState.NOT_DELIVERABLE})
 
 
+def _label(field: BoundField) -> str:
+    return f"{field.label} ({field.help_text})" if field.help_text else str(field.label)
+
+
 @require_POST
 @role_required(Role.OPERATOR)
 def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
@@ -37,15 +43,19 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
         return redirect("blacklist")
     data = form.cleaned_data
     if data["scope"] == "filter":
-        chosen = MessageFilter(
-            **{k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
-        )
+        values = {k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
+        chosen = MessageFilter(**values)
         if not data["confirmed"]:
-            return render(
-                request,
-                "console/bulk_confirm.html",
-                {"form": form, "count": bulk_preview(filters=chosen), "filters": request.POST},
-            )
+            context = {
+                "form": form,
+                "count": bulk_preview(filters=chosen),
+                "filters": request.POST,
+                "applied": [
+                    (name, _label(filters[name]), value) for name, value in values.items() if value
+                ],
+                "query": urlencode({name: request.POST[name] for name in values if values[name]}),
+            }
+            return render(request, "console/bulk_confirm.html", context)
         selection: dict[str, Any] = {"filters": chosen}
     else:
         selection = {"message_ids": data["ids"]}

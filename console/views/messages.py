@@ -43,7 +43,17 @@ def message_table(request: HtmxHttpRequest, template: str, fixed: dict[str, str]
         )
     query = request.GET.copy()
     query.pop("before", None)
-    context = {"form": form, "page": found_page, "query": query.urlencode()}
+    context = {
+        "form": form,
+        "page": found_page,
+        "query": query.urlencode(),
+        # The filter as submitted, for forms that act on what it matches.
+        "filter_values": [
+            (name, request.GET[name])
+            for name in form.fields
+            if name not in {"before", *fixed} and request.GET.get(name)
+        ],
+    }
     return page(request, template, "message-table", context)
 
 
