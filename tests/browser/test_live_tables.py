@@ -196,3 +196,24 @@ def test_the_bulk_job_page_polls_only_while_its_tab_is_visible(
     BulkJob.objects.filter(id=job.id).update(done=3, status="done")
     page.evaluate("delete document.visibilityState")  # visible again: the prototype's getter
     expect(page.locator("[data-status]")).to_have_text("Done: 3 of 3 (100%).")
+
+
+def test_filtering_in_place_changes_what_apply_to_all_matching_the_filter_acts_on(
+    page: Page, live_server: LiveServer, operator: User
+) -> None:
+    queue_create(name="ORDERS.IN")
+    queue_create(name="OTHER.IN")
+    _blacklisted(3)
+    [other] = messages_publish(queue_name="OTHER.IN", messages=[NewMessage(payload=b"y")])
+    messages_quarantine(reasons={other: "crashed twice"})
+    login(page, live_server, operator)
+    page.goto("/blacklist/?queue=ORDERS.IN")
+
+    page.locator("form.filters").get_by_label("Queue").fill("OTHER.IN")
+    page.get_by_role("button", name="Filter", exact=True).click()  # htmx swaps #message-table only
+    expect(_row(page, other)).to_be_visible()
+    page.get_by_label("Action").select_option("fail")
+    page.get_by_role("button", name="Apply to all matching the filter…").click()
+
+    expect(page.get_by_role("heading")).to_contain_text("Fail 1 blacklisted message?")
+    expect(page.locator('[data-filter="queue"]')).to_have_text("OTHER.IN")
