@@ -46,14 +46,14 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
         values = {k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
         chosen = MessageFilter(**values)
         if not data["confirmed"]:
+            given = {name: value for name, value in values.items() if value}
             context = {
                 "form": form,
                 "count": bulk_preview(filters=chosen),
                 "filters": request.POST,
-                "applied": [
-                    (name, _label(filters[name]), value) for name, value in values.items() if value
-                ],
-                "query": urlencode({name: request.POST[name] for name in values if values[name]}),
+                # What the job will apply, stated on the confirmation.
+                "applied": [(name, _label(filters[name]), value) for name, value in given.items()],
+                "query": urlencode({name: request.POST[name] for name in given}),
             }
             return render(request, "console/bulk_confirm.html", context)
         selection: dict[str, Any] = {"filters": chosen}
