@@ -1,8 +1,11 @@
 import re
+from datetime import timedelta
 
 import pytest
+import time_machine
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from broker.models import RuleTable
 from broker.selectors import queue_summaries
@@ -171,3 +174,17 @@ def test_the_dashboard_says_whether_workers_answer(viewer, client):
 
     assert re.search(r'data-worker="control">\s*<strong>control</strong> answering', html)
     assert re.search(r'data-worker="deliveries">\s*<strong>deliveries</strong> never seen', html)
+
+
+def test_a_worker_silent_past_its_limit_is_shown_as_not_answering(viewer, client):
+    from broker.services.stats import heartbeat
+
+    heartbeat(name="control")  # stamped with the database's clock
+    client.force_login(viewer)
+
+    with time_machine.travel(timezone.now() + timedelta(seconds=45)):
+        html = client.get("/").content.decode()
+
+    assert re.search(
+        r'data-worker="control">\s*<strong>control</strong> not answering for 4\d s', html
+    )

@@ -141,6 +141,14 @@ def rule_table_create_and_activate(*, queue: Queue, text: str, actor: Actor = No
     """A new version of ``queue``'s rules table, active at once; an empty
     text or a table with errors stores nothing (``InvalidInput``,
     ``RulesInvalid``)."""
+    _checked_text(text)
+    report = rule_table_report(text=text, queue=queue)
+    if not report["valid"]:
+        raise RulesInvalid(
+            f"The table has {len(report['errors'])} error(s) and cannot be activated; "
+            "nothing was stored.",
+            errors=report["errors"],
+        )
     table = rule_table_create(queue=queue, text=text, actor=actor)
     return rule_table_activate(table=table, actor=actor)
 
