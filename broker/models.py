@@ -67,6 +67,16 @@ class Overflow(models.TextChoices):
     DISCARD_OLD = "discard_old", "Discard old messages"
 
 
+class PoisonAction(models.TextChoices):
+    QUARANTINE = "quarantine", "Quarantine (NDLV)"
+    PURGE = "purge", "Purge"
+
+
+def validate_alarm_webhook(value: str) -> None:
+    if value and not value.startswith(("http://", "https://")):
+        raise ValidationError("Use an http:// or https:// URL.", code="invalid_webhook")
+
+
 class Queue(models.Model):
     name = models.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
@@ -81,7 +91,18 @@ class Queue(models.Model):
     retry_backoff_seconds = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
     crash_threshold = models.PositiveIntegerField(default=2, validators=[MinValueValidator(1)])
     poison_limit = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
-    # Pause between the isolated deliveries of a crashed batch's suspects.
+    # What happens to a message that reached its crash threshold or poison limit.
+    poison_action = models.CharField(
+        max_length=16, choices=PoisonAction.choices, default=PoisonAction.QUARANTINE
+    )
+    # Where poison alarms of this queue are posted; blank: the installation's
+    # LAZARETTO_ALARM_WEBHOOK_URL, if any.
+    alarm_webhook_url = models.CharField(
+        max_length=2048, blank=True, validators=[validate_alarm_webhook]
+    )
+    # The back-off before a suspect that already failed alone is delivered
+    # again; it doubles with each further failure, up to 5 s
+    # (broker.services.transitions.in_flight).
     suspect_delay_seconds = models.FloatField(
         default=1.0,
         validators=[MinValueValidator(0.0), MaxValueValidator(MAX_SUSPECT_DELAY_SECONDS)],
@@ -104,9 +125,6 @@ class Queue(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="feeding_queues"
     )
     paused = models.BooleanField(default=False)
-    # The earliest time the next crash suspect may be delivered: suspects go
-    # one at a time, suspect_delay_seconds apart (broker.services.delivery).
-    suspect_next_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -253,10 +271,19 @@ class Message(models.Model):
     # discards the earliest arrivals first.
     enqueued_at = models.DateTimeField(db_default=Now())
     attempts = models.IntegerField(db_default=0)
+    # Deliveries that ended without an answer: the worker died within the
+    # lease (a crash), or the lease ran out (a timeout). Together they are
+    # the retransmissions the poison limit counts.
     crash_count = models.IntegerField(db_default=0)
+    timeout_count = models.IntegerField(db_default=0)
     suspect = models.BooleanField(db_default=False)
     lease_owner = models.CharField(max_length=200, blank=True, db_default="")
+    # When the consumer's time to answer for this delivery ends (claim +
+    # the queue's lease_seconds).
     lease_deadline = models.DateTimeField(null=True, blank=True)
+    # Past this time the message is not delivered but dead-lettered with
+    # reason "expired"; null: it never expires.
+    expires_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, db_default="")
     # Set once the message has been dead-lettered: original queue, reason
     # code, time, putting application and user, format, error text.
@@ -286,12 +313,8 @@ class Message(models.Model):
                 condition=~Q(state=MessageState.DELIVERING) | Q(lease_deadline__isnull=False),
                 name="message_delivering_has_lease",
             ),
-            # Crash suspects are delivered strictly one at a time per queue, so
-            # a crash during a suspect's delivery can only be that message's fault.
-            models.UniqueConstraint(
-                fields=["queue"],
-                condition=Q(state=MessageState.DELIVERING, suspect=True),
-                name="message_one_suspect_in_flight",
+            models.CheckConstraint(
+                condition=Q(timeout_count__gte=0), name="message_timeout_count_non_negative"
             ),
         ]
         indexes = [
@@ -328,6 +351,14 @@ class Message(models.Model):
                 fields=["lease_deadline"],
                 name="message_in_flight_idx",
                 condition=Q(state=MessageState.DELIVERING),
+            ),
+            # Waiting messages whose time is up:
+            #   SELECT id FROM broker_message WHERE state = 'TBDL'
+            #   AND expires_at < now() FOR UPDATE SKIP LOCKED
+            models.Index(
+                fields=["expires_at"],
+                name="message_expiry_idx",
+                condition=Q(state=MessageState.TO_BE_DELIVERED, expires_at__isnull=False),
             ),
             # discard_old's earliest arrivals waiting in a queue:
             #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
@@ -492,6 +523,8 @@ class QueueMinute(models.Model):
     minute = models.DateTimeField()
     delivered = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
+    # Messages quarantined or purged as poison (also counted in failed).
+    poisoned = models.PositiveIntegerField(db_default=0)
 
     class Meta:
         constraints = [
@@ -514,3 +547,50 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.seen_at:%H:%M:%S}"
+
+
+class NotificationState(models.TextChoices):
+    NONE = "none", "No webhook"
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Gave up"
+
+
+class PoisonAlarm(models.Model):
+    """A message quarantined or purged automatically, as an alarm: written in
+    the same transaction as the move, so no alarm is lost, and posted to the
+    alarm webhook (if any) afterwards, with retries (broker.services.notify).
+    Message and queue are stored by value: a purged message has no row."""
+
+    created_at = models.DateTimeField(db_default=Now())
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    message_id = models.BigIntegerField()
+    action = models.CharField(max_length=16, choices=PoisonAction.choices)
+    reason = models.TextField()
+    crash_count = models.IntegerField()
+    timeout_count = models.IntegerField()
+    attempts = models.IntegerField()
+    dump_path = models.CharField(max_length=500)
+    webhook_url = models.CharField(max_length=2048, blank=True)
+    notification = models.CharField(
+        max_length=8, choices=NotificationState.choices, default=NotificationState.NONE
+    )
+    notify_attempts = models.PositiveIntegerField(default=0)
+    notify_next_at = models.DateTimeField(null=True, blank=True)
+    notify_error = models.TextField(blank=True)
+    notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # Alarms whose notification is due:
+            #   SELECT … WHERE notification = 'pending' AND notify_next_at <= now()
+            models.Index(
+                fields=["notify_next_at"],
+                name="alarm_pending_idx",
+                condition=Q(notification=NotificationState.PENDING),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} of message {self.message_id} on {self.queue_name}"

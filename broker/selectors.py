@@ -158,16 +158,22 @@ class DueQueue:
     lease_seconds: int
     batch_size: int
     waiting: int
+    # Due crash suspects among the waiting, each delivered alone.
+    suspects: int
 
 
 def queues_with_due_messages() -> list[DueQueue]:
     """Deliverable queues holding at least one due TBDL message. The TBDL
     counter rules out idle queues; the EXISTS probe (message_ready_idx) rules
-    out queues whose waiting messages are all delayed."""
+    out queues whose waiting messages are all delayed. Suspects are counted
+    on message_suspect_idx, which holds the few waiting suspects only."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT q.id, q.lease_seconds, q.batch_size, d.count
+            SELECT q.id, q.lease_seconds, q.batch_size, d.count,
+                   (SELECT count(*) FROM broker_message AS s
+                    WHERE s.queue_id = q.id AND s.state = 'TBDL' AND s.suspect
+                      AND s.available_at <= now())
             FROM broker_queue AS q
             JOIN broker_queuedepth AS d ON d.queue_id = q.id AND d.state = 'TBDL'
             WHERE q.kind = 'standard' AND NOT q.paused AND q.consumer <> '' AND d.count > 0

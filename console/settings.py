@@ -178,6 +178,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout"
 LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DEAD_LETTER_SCAN_SECONDS = env_float("LAZARETTO_DEAD_LETTER_SCAN_SECONDS", 5.0)
+# Where poison alarms (messages quarantined or purged automatically) are
+# posted as JSON, unless a queue names its own alarm webhook; blank: nowhere.
+LAZARETTO_ALARM_WEBHOOK_URL = env_str("LAZARETTO_ALARM_WEBHOOK_URL", "")
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
 # A delivery task keeps claiming batches of its queue for up to this long,

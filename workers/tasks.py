@@ -47,8 +47,11 @@ def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 
         logger.warning("could not wake queue %s: %s", queue_id, error)
 
 
-def _fanout(waiting: int, batch_size: int) -> int:
-    return max(1, min(math.ceil(waiting / batch_size), settings.LAZARETTO_DELIVERY_FANOUT))
+def _fanout(waiting: int, batch_size: int, suspects: int = 0) -> int:
+    """Delivery tasks for a queue: one per batch of waiting messages and one
+    per suspect (each is delivered alone), at most the configured fan-out."""
+    units = math.ceil(max(waiting - suspects, 0) / batch_size) + suspects
+    return max(1, min(units, settings.LAZARETTO_DELIVERY_FANOUT))
 
 
 @receiver(messages_available)
@@ -62,7 +65,7 @@ def wake_when_available(sender: Any, queue: Queue, count: int, **kwargs: Any) ->
 
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
 def deliver(queue_id: int) -> None:
-    """Deliver batches (or suspects, one by one) of a queue until it has
+    """Deliver batches (or suspects, each alone) of a queue until it has
     nothing due or the task's time budget is spent; then hand over."""
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
@@ -80,15 +83,28 @@ def deliver(queue_id: int) -> None:
 
 @app.task(name="lazaretto.sweep", ignore_result=True)
 def sweep() -> None:
-    """Flag crashed deliveries and blacklist repeat offenders."""
+    """Requeue unanswered deliveries as suspects, set aside the poison, and
+    wake a delivery task per suspect so they are isolated in parallel."""
     heartbeat(name="control")
     result = messages_sweep()
-    if result.found:
-        logger.info(
-            "sweep: %s crashed message(s) back to TBDL, %s blacklisted",
-            len(result.requeued),
-            len(result.quarantined),
-        )
+    if not result.found:
+        return
+    logger.info(
+        "sweep: %s unanswered message(s) back to TBDL as suspects, %s quarantined, %s purged",
+        len(result.requeued),
+        len(result.quarantined),
+        len(result.purged),
+    )
+    lease_seconds = dict(
+        Queue.objects.filter(id__in=result.suspects_by_queue).values_list("id", "lease_seconds")
+    )
+    for queue_id, suspects in result.suspects_by_queue.items():
+        if queue_id in lease_seconds:
+            wake(
+                queue_id=queue_id,
+                lease_seconds=lease_seconds[queue_id],
+                tasks=_fanout(suspects, 1, suspects),
+            )
 
 
 @app.task(name="lazaretto.dispatch", ignore_result=True)
@@ -99,7 +115,7 @@ def dispatch() -> None:
         wake(
             queue_id=due.queue_id,
             lease_seconds=due.lease_seconds,
-            tasks=_fanout(due.waiting, due.batch_size),
+            tasks=_fanout(due.waiting, due.batch_size, due.suspects),
             expires=2 * interval,
         )
 

@@ -3,8 +3,8 @@
 A courier delivers one unit of work for one queue at a time:
 
 * a crash suspect, alone, if one is due: a message that was in flight when
-  its worker died is never delivered in a batch again, so a second crash can
-  only be its own fault; or
+  its worker died (or its lease ran out) is never delivered in a batch
+  again; or
 * otherwise a batch of up to ``batch_size`` due messages.
 
 The lease. Before claiming, the worker takes a session-level advisory lock
@@ -13,6 +13,16 @@ claimed rows. PostgreSQL releases that lock when the worker's session ends,
 however the process died, so the sweeper can tell a dead delivery from a slow
 one without any transaction staying open during delivery. The claim and the
 settlement are two short transactions: two commits per batch.
+
+Why suspects may go in parallel. A courier's units follow one another, so a
+lease has at most one unit in flight, and a process that dies takes down only
+its own lease. When a process dies while it delivers one suspect alone, that
+suspect is the only message the crash can be blamed on, whatever the other
+processes deliver meanwhile. So every worker process may deliver a suspect
+of the same queue at once: the innocent batch-mates of a poison message are
+cleared in parallel, and the poison crashes only the process it is given to.
+A suspect that fails again waits before its next try (the evidence-based
+back-off, ``broker.services.transitions.in_flight``); nothing else waits.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 
 from broker.consumers import Delivery, FormatError, Handler, consumer_for
 from broker.models import Queue, QueueKind
@@ -45,28 +55,6 @@ from broker.services.transitions.in_flight import (
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
-
-# A suspect may go when the queue's throttle allows and no other suspect of
-# the queue is in flight. The unique index message_one_suspect_in_flight makes
-# the second condition exact when two workers race past this check.
-_SUSPECT_READY_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM broker_message
-    WHERE queue_id = %(queue_id)s AND state = 'TBDL' AND suspect AND available_at <= now()
-) AND NOT EXISTS (
-    SELECT 1 FROM broker_message
-    WHERE queue_id = %(queue_id)s AND state = 'DLNG' AND suspect
-) AND EXISTS (
-    SELECT 1 FROM broker_queue
-    WHERE id = %(queue_id)s AND (suspect_next_at IS NULL OR suspect_next_at <= now())
-)
-"""
-
-_THROTTLE_SQL = """
-UPDATE broker_queue
-SET suspect_next_at = now() + make_interval(secs => suspect_delay_seconds)
-WHERE id = %(queue_id)s
-"""
 
 
 @dataclass
@@ -127,7 +115,7 @@ class Courier:
         suspect alone (when ``suspects`` and the queue may deliver one now),
         else a batch of up to ``batch_size`` messages."""
         queue = self.queue
-        batch = _claim_suspect(queue, self.owner) if suspects else []
+        batch = _claim(queue, self.owner, suspect=True, limit=1) if suspects else []
         isolated = bool(batch)
         if not batch:
             batch = _claim(queue, self.owner, suspect=False, limit=queue.batch_size)
@@ -162,24 +150,11 @@ def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
         return courier.deliver() if courier else Outcome()
 
 
-def _claim_suspect(queue: Queue, owner: str) -> list[Claimed]:
-    """One due crash suspect, if the queue may deliver one now."""
-    with connection.cursor() as cursor:
-        cursor.execute(_SUSPECT_READY_SQL, {"queue_id": queue.id})
-        ready = cursor.fetchone()
-    if not ready or not ready[0]:
-        return []
-    try:
-        return _claim(queue, owner, suspect=True, limit=1)
-    except IntegrityError:  # another worker's suspect got in flight first
-        return []
-
-
 def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[Claimed]:
     return messages_claim(
         queue_id=queue.id,
         owner=owner,
-        lease_seconds=task_time_limit(queue.lease_seconds) + settings.LAZARETTO_LEASE_GRACE_SECONDS,
+        lease_seconds=queue.lease_seconds,
         limit=limit,
         suspect=suspect,
     )
@@ -233,11 +208,6 @@ def _settle(
         else:
             dead[message.id] = DeadLetterCause("handler_error", _describe(error))
     with transaction.atomic():
-        if outcome.isolated:
-            # First: the queue row before any message (and so any depth
-            # counter), the lock order limited publishers use too.
-            with connection.cursor() as cursor:
-                cursor.execute(_THROTTLE_SQL, {"queue_id": queue.id})
         if acked:
             outcome.acked = messages_ack(message_ids=acked, owner=owner)
         outcome.retried = messages_retry(retries=retries, owner=owner)

@@ -66,8 +66,8 @@ def _save_validated(
                 "dead_letter_queue": [f"{queue.dead_letter_queue.name} is not a dead-letter queue."]
             },
         )
-    # Only the fields an operator changed: the broker writes others
-    # (suspect_next_at) concurrently.
+    # Only the fields an operator changed: another operator may be saving
+    # other settings of the same queue.
     queue.save(update_fields=update_fields)
 
 

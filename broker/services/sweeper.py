@@ -1,12 +1,25 @@
-"""The sweeper: notice deliveries whose worker died or hung.
+"""The sweeper: notice deliveries that ended without an answer.
 
-A DLNG message has crashed when the worker that leased it is gone (its
-advisory lock, see ``broker.services.delivery``, is free again because its
-database session ended) or when its lease deadline passed. Each crashed
-message goes back to TBDL as a suspect with ``crash_count + 1``; the suspects
-are then delivered alone, one at a time per queue (see
-``broker.services.delivery``). A message whose crash count reaches the queue's crash
-threshold, or whose attempts reach its poison limit, is blacklisted instead.
+A DLNG message's delivery ended without an answer when the worker that leased
+it is gone (its advisory lock, see ``broker.services.delivery``, is free again
+because its database session ended), or when it outlived its lease by the
+time Celery needs to kill a hung task. A worker that died within the lease
+crashed (``crash_count + 1``); a delivery past its lease timed out
+(``timeout_count + 1``). Either way the message goes back to TBDL as a
+suspect, delivered alone from then on (``broker.services.delivery``).
+
+Two rules decide that a suspect is poison, whichever comes first:
+
+* the crash threshold (seed 000's blacklisting): a message whose consumer
+  crashed ``crash_threshold`` times (default 2: once in its batch, once
+  alone) is poison;
+* the poison limit (seed 001's retransmission limit): a message whose
+  deliveries ended without an answer ``poison_limit`` times (default 5),
+  crashes and timeouts together, is poison; this is what catches a message
+  that hangs its consumer rather than killing it.
+
+A poison message is set aside by its queue's poison action: quarantined
+(NDLV) or purged, its payload dumped and an alarm raised either way.
 """
 
 from __future__ import annotations
@@ -15,23 +28,26 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection, transaction
 
-from broker.models import Message
 from broker.services.delivery import lease_token
 from broker.services.stats import minute_count
-from broker.services.transitions.blacklist import messages_quarantine
-from broker.services.transitions.in_flight import Crashed, messages_requeue_crashed
+from broker.services.transitions.blacklist import messages_set_aside_poison
+from broker.services.transitions.in_flight import Unanswered, messages_requeue_unanswered
 
 
 @dataclass
 class SweepResult:
     requeued: list[int] = field(default_factory=list)
     quarantined: list[int] = field(default_factory=list)
+    purged: list[int] = field(default_factory=list)
+    # How many suspects each queue got back: each is a delivery unit of its own.
+    suspects_by_queue: dict[int, int] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
-        return bool(self.requeued or self.quarantined)
+        return bool(self.requeued or self.quarantined or self.purged)
 
 
 def dead_lease_owners() -> list[str]:
@@ -57,36 +73,48 @@ def dead_lease_owners() -> list[str]:
     return [owner for owner, token in tokens.items() if token is None or token in free]
 
 
-def quarantine_reasons(crashed: Sequence[Crashed]) -> dict[int, str]:
-    """The requeued messages that are poison, and why: their consumer crashed
-    ``crash_threshold`` times, or they were delivered ``poison_limit`` times
-    without an acknowledgement."""
+def poison_reasons(ended: Sequence[Unanswered]) -> dict[int, str]:
+    """The requeued messages that are poison, and why (see the module's
+    docstring for the two rules)."""
     reasons: dict[int, str] = {}
-    for message in crashed:
+    for message in ended:
         if message.crash_count >= message.crash_threshold:
             reasons[message.id] = (
                 f"its consumer crashed {message.crash_count} times while delivering it "
                 f"(crash threshold {message.crash_threshold})"
             )
-        elif message.attempts >= message.poison_limit:
+        elif message.retransmissions >= message.poison_limit:
             reasons[message.id] = (
-                f"delivered {message.attempts} times without an acknowledgement "
-                f"(poison limit {message.poison_limit})"
+                f"{message.retransmissions} deliveries ended without an answer "
+                f"({message.crash_count} crashed, {message.timeout_count} timed out; "
+                f"poison limit {message.poison_limit})"
             )
     return reasons
 
 
+def overdue_seconds() -> float:
+    """How long past its lease a delivery of a live worker may still be
+    answered: Celery kills a hung delivery task when it has run its loop
+    budget plus the lease, so beyond that (and a grace) no answer can come."""
+    return settings.LAZARETTO_DELIVERY_TASK_SECONDS + settings.LAZARETTO_LEASE_GRACE_SECONDS
+
+
 def messages_sweep() -> SweepResult:
-    """Requeue every crashed delivery as a suspect, and blacklist those that
-    reached their crash threshold or poison limit, in one transaction."""
+    """Requeue every delivery that ended without an answer as a suspect, and
+    set aside the poison among them, in one transaction."""
     dead = dead_lease_owners()
     with transaction.atomic():
-        crashed = messages_requeue_crashed(dead_owners=dead)
-        quarantined = messages_quarantine(reasons=quarantine_reasons(crashed))
-    requeued = sorted({message.id for message in crashed} - set(quarantined))
-    if quarantined:
-        for queue_id, count in Counter(
-            Message.objects.filter(id__in=quarantined).values_list("queue_id", flat=True)
-        ).items():
-            minute_count(queue_id=queue_id, delivered=0, failed=count)
-    return SweepResult(requeued=requeued, quarantined=quarantined)
+        ended = messages_requeue_unanswered(dead_owners=dead, overdue_seconds=overdue_seconds())
+        quarantined, purged = messages_set_aside_poison(reasons=poison_reasons(ended))
+    gone = set(quarantined) | set(purged)
+    requeued = [message for message in ended if message.id not in gone]
+    for queue_id, count in Counter(
+        message.queue_id for message in ended if message.id in gone
+    ).items():
+        minute_count(queue_id=queue_id, delivered=0, failed=count)
+    return SweepResult(
+        requeued=sorted(message.id for message in requeued),
+        quarantined=quarantined,
+        purged=purged,
+        suspects_by_queue=dict(Counter(message.queue_id for message in requeued)),
+    )

@@ -9,8 +9,10 @@ and raises ``IllegalTransition`` saying why.
     DLNG -> DLVD             ack                         in_flight.messages_ack
     DLNG -> TBDL             retry after a handler error in_flight.messages_retry
     DLNG -> TBDL on the DLQ  dead-letter                 in_flight.messages_dead_letter
-    DLNG -> TBDL (suspect)   requeue a crashed delivery  in_flight.messages_requeue_crashed
+    DLNG -> TBDL (suspect)   requeue an unanswered one   in_flight.messages_requeue_unanswered
     TBDL/DLNG -> NDLV        quarantine                  blacklist.messages_quarantine
+    TBDL/DLNG -> deleted     purge as poison             blacklist.messages_purge_poison
+    TBDL -> TBDL on the DLQ  expire                      expiry.messages_expire
     NDLV -> TBDL             release                     blacklist.messages_release
     NDLV -> FAIL             fail (terminal)             blacklist.messages_fail
     NDLV -> deleted          purge                       blacklist.messages_purge

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from django.db import connection, transaction
 
-from broker.models import Message, Queue
+from broker.models import Message, PoisonAction, Queue
+from broker.services.alarms import Alarm, alarms_record
 from broker.services.audit import Actor, AuditEntry, audit_record_many
 from broker.services.dumps import dump_write
 from broker.services.transitions.table import Transition, guard, refuse
@@ -20,30 +22,43 @@ from broker.signals import messages_available
 T = Transition
 
 # The guard is the transition: only messages still waiting or in flight are
-# blacklisted, so a message delivered meanwhile stays delivered.
+# set aside, so a message delivered meanwhile stays delivered. Both return the
+# same columns: what the dump, the audit event and the alarm need.
+_SET_ASIDE_COLUMNS = """
+m.id, q.id, q.name, q.alarm_webhook_url, m.payload, m.content_type, m.headers,
+m.attempts, m.crash_count, m.timeout_count, m.last_error, m.dead_letter,
+m.put_application, m.put_user, m.created_at
+"""
 _QUARANTINE_SQL = f"""
 UPDATE broker_message AS m
 SET state = 'NDLV', lease_owner = '', lease_deadline = NULL, updated_at = now()
 FROM broker_queue AS q
 WHERE m.id = ANY(%(ids)s) AND {guard(T.QUARANTINE)} AND q.id = m.queue_id
-RETURNING m.id, q.id, q.name, m.payload, m.content_type, m.headers, m.attempts,
-          m.crash_count, m.last_error, m.dead_letter, m.put_application, m.put_user,
-          m.created_at
+RETURNING {_SET_ASIDE_COLUMNS}
+"""  # noqa: S608
+# The poison action "purge": only messages of queues that chose it.
+_PURGE_POISON_SQL = f"""
+DELETE FROM broker_message AS m USING broker_queue AS q
+WHERE m.id = ANY(%(ids)s) AND {guard(T.PURGE_POISON)} AND q.id = m.queue_id
+  AND q.poison_action = '{PoisonAction.PURGE.value}'
+RETURNING {_SET_ASIDE_COLUMNS}
 """  # noqa: S608
 _DUMP_PATH_SQL = """
 UPDATE broker_message AS m SET dump_path = d.path
 FROM unnest(%(ids)s::bigint[], %(paths)s::text[]) AS d(id, path)
 WHERE m.id = d.id
 """
-_QUARANTINED_COLUMNS = (
+_SET_ASIDE_NAMES = (
     "id",
     "queue_id",
     "queue",
+    "queue_webhook_url",
     "payload",
     "content_type",
     "headers",
     "attempts",
     "crash_count",
+    "timeout_count",
     "last_error",
     "dead_letter",
     "put_application",
@@ -51,12 +66,102 @@ _QUARANTINED_COLUMNS = (
     "created_at",
 )
 
+
+def messages_quarantine(*, reasons: Mapping[int, str]) -> list[int]:
+    """TBDL/DLNG -> NDLV for each message id in ``reasons``, dumping each
+    payload to a file, writing one audit event per message with its reason
+    and raising a poison alarm (``broker.services.alarms``). Runs in the
+    caller's transaction; returns the ids actually blacklisted."""
+    return _set_aside(_QUARANTINE_SQL, PoisonAction.QUARANTINE, reasons)
+
+
+def messages_purge_poison(*, reasons: Mapping[int, str]) -> list[int]:
+    """TBDL/DLNG -> deleted for each message id in ``reasons`` whose queue's
+    poison action is purge, dumping each payload to a file first; the audit
+    event and the poison alarm keep its id, queue, reason and dump path.
+    Runs in the caller's transaction; returns the ids actually purged."""
+    return _set_aside(_PURGE_POISON_SQL, PoisonAction.PURGE, reasons)
+
+
+def messages_set_aside_poison(*, reasons: Mapping[int, str]) -> tuple[list[int], list[int]]:
+    """Apply each message's queue's poison action: purge, or quarantine
+    (the default). Runs in the caller's transaction; returns the ids
+    quarantined and the ids purged."""
+    purged = messages_purge_poison(reasons=reasons)
+    rest = {
+        message_id: reason for message_id, reason in reasons.items() if message_id not in purged
+    }
+    return messages_quarantine(reasons=rest), purged
+
+
+def _set_aside(sql: str, action: PoisonAction, reasons: Mapping[int, str]) -> list[int]:
+    if not reasons:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"ids": list(reasons)})
+        rows = [dict(zip(_SET_ASIDE_NAMES, row, strict=True)) for row in cursor.fetchall()]
+        for row in rows:  # jsonb arrives as text through Django's connection
+            row["headers"] = json.loads(row["headers"])
+            row["dead_letter"] = json.loads(row["dead_letter"]) if row["dead_letter"] else None
+        paths = [str(dump_write(message=_dumped(row), reason=reasons[row["id"]])) for row in rows]
+        ids = [row["id"] for row in rows]
+        if ids and action == PoisonAction.QUARANTINE:
+            cursor.execute(_DUMP_PATH_SQL, {"ids": ids, "paths": paths})
+    audit_record_many(
+        entries=(
+            AuditEntry(
+                action=_AUDIT_ACTIONS[action],
+                queue_name=row["queue"],
+                message_id=row["id"],
+                reason=reasons[row["id"]],
+                details={
+                    "dump_path": path,
+                    "crash_count": row["crash_count"],
+                    "timeout_count": row["timeout_count"],
+                    "attempts": row["attempts"],
+                },
+            )
+            for row, path in zip(rows, paths, strict=True)
+        )
+    )
+    alarms_record(
+        alarms=[
+            Alarm(
+                queue_id=row["queue_id"],
+                queue_name=row["queue"],
+                message_id=row["id"],
+                action=action.value,
+                reason=reasons[row["id"]],
+                crash_count=row["crash_count"],
+                timeout_count=row["timeout_count"],
+                attempts=row["attempts"],
+                dump_path=path,
+                queue_webhook_url=row["queue_webhook_url"],
+            )
+            for row, path in zip(rows, paths, strict=True)
+        ]
+    )
+    return ids
+
+
+_AUDIT_ACTIONS = {
+    PoisonAction.QUARANTINE: "message_quarantine",
+    PoisonAction.PURGE: "message_purge_poison",
+}
+
+
+def _dumped(row: dict[str, Any]) -> dict[str, Any]:
+    """What the dump file keeps of a message: everything but the queue's
+    alarm webhook, which is configuration, not message data."""
+    return {key: value for key, value in row.items() if key != "queue_webhook_url"}
+
+
 # Operator actions, set-based so that a bulk job and a single click share one
 # statement each; RETURNING tells which messages the guard let through.
 _RELEASE_SQL = f"""
 UPDATE broker_message AS m
-SET state = 'TBDL', attempts = 0, crash_count = 0, suspect = false, available_at = now(),
-    enqueued_at = now(), lease_owner = '', lease_deadline = NULL, updated_at = now()
+SET state = 'TBDL', attempts = 0, crash_count = 0, timeout_count = 0, suspect = false,
+    available_at = now(), enqueued_at = now(), lease_owner = '', lease_deadline = NULL, updated_at = now()
 FROM broker_queue AS q
 WHERE m.id = ANY(%s) AND {guard(T.RELEASE)} AND q.id = m.queue_id
 RETURNING m.id, q.name, m.dump_path
@@ -72,42 +177,6 @@ DELETE FROM broker_message AS m USING broker_queue AS q
 WHERE m.id = ANY(%s) AND {guard(T.PURGE)} AND q.id = m.queue_id
 RETURNING m.id, q.name, m.dump_path
 """  # noqa: S608
-
-
-def messages_quarantine(*, reasons: Mapping[int, str]) -> list[int]:
-    """TBDL/DLNG -> NDLV for each message id in ``reasons``, dumping each
-    payload to a file and writing one audit event per message with its
-    reason. Runs in the caller's transaction; returns the ids actually
-    blacklisted."""
-    if not reasons:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(_QUARANTINE_SQL, {"ids": list(reasons)})
-        rows = [dict(zip(_QUARANTINED_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
-        for row in rows:  # jsonb arrives as text through Django's connection
-            row["headers"] = json.loads(row["headers"])
-            row["dead_letter"] = json.loads(row["dead_letter"]) if row["dead_letter"] else None
-        paths = [str(dump_write(message=row, reason=reasons[row["id"]])) for row in rows]
-        ids = [row["id"] for row in rows]
-        if ids:
-            cursor.execute(_DUMP_PATH_SQL, {"ids": ids, "paths": paths})
-    audit_record_many(
-        entries=(
-            AuditEntry(
-                action="message_quarantine",
-                queue_name=row["queue"],
-                message_id=row["id"],
-                reason=reasons[row["id"]],
-                details={
-                    "dump_path": path,
-                    "crash_count": row["crash_count"],
-                    "attempts": row["attempts"],
-                },
-            )
-            for row, path in zip(rows, paths, strict=True)
-        )
-    )
-    return ids
 
 
 def _triage(

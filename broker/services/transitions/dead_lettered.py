@@ -24,7 +24,7 @@ T = Transition
 _MOVE_SQL = """
 WITH moved AS (
     UPDATE broker_message AS m
-    SET queue_id = %(target)s, attempts = 0, crash_count = 0, suspect = false,
+    SET queue_id = %(target)s, attempts = 0, crash_count = 0, timeout_count = 0, suspect = false,
         available_at = now(), enqueued_at = now(), updated_at = now(),
         dead_letter = CASE WHEN %(keep_header)s THEN m.dead_letter ELSE NULL END
     FROM broker_queue AS q

@@ -1,9 +1,19 @@
 """A message in delivery: claimed under a worker's lease (TBDL -> DLNG), then
 acknowledged (DLVD), put back for a later retry (TBDL), dead-lettered (TBDL
-on the dead-letter queue), or, when its worker died or hung, requeued as a
-crash suspect (TBDL, ``crash_count + 1``). Each is one set-based statement
-for a whole delivery unit; only rows still leased to the caller move, so a
-late answer for a message the sweeper already took back changes nothing."""
+on the dead-letter queue), or, when the delivery ended without an answer,
+requeued as a suspect (TBDL): ``crash_count + 1`` when its worker died within
+the lease, ``timeout_count + 1`` when the lease ran out first. Each is one
+set-based statement for a whole delivery unit; only rows still leased to the
+caller move, so a late answer for a message the sweeper already took back
+changes nothing.
+
+The suspect back-off. A suspect's first retransmission goes at once: being
+in a crashed batch is weak evidence (one message of the batch was to blame).
+Each further unanswered delivery, which the message had alone, is strong
+evidence, and the suspect waits longer before the next one: the queue's
+``suspect_delay_seconds`` after its second, doubling with each one after,
+never more than ``MAX_SUSPECT_DELAY_SECONDS``. Only the suspect waits; its
+queue and the other suspects go on."""
 
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+from broker.models import MAX_SUSPECT_DELAY_SECONDS
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
 from broker.services.transitions.table import Transition, guard
@@ -27,7 +38,7 @@ CLAIM_SQL = f"""
 WITH due AS (
     SELECT m.id FROM broker_message AS m
     WHERE m.queue_id = %(queue_id)s AND {guard(T.CLAIM)} AND m.available_at <= now()
-      AND m.suspect = %(suspect)s
+      AND m.suspect = %(suspect)s AND (m.expires_at IS NULL OR m.expires_at > now())
     ORDER BY m.priority DESC, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -71,31 +82,48 @@ FOR UPDATE OF m
 _DEAD_LETTER_SQL = """
 UPDATE broker_message AS m
 SET state = 'TBDL', queue_id = d.queue_id, dead_letter = d.header, last_error = d.error,
-    lease_owner = '', lease_deadline = NULL, suspect = false,
+    lease_owner = '', lease_deadline = NULL, suspect = false, expires_at = NULL,
     available_at = now(), enqueued_at = now(), updated_at = now()
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS d(id bigint, queue_id bigint, header jsonb, error text)
 WHERE m.id = d.id
 """
 
-# SKIP LOCKED: a row another transaction is settling right now (an ack in
-# progress, another sweeper) is left for the next sweep instead of waited on.
-# Index: message_in_flight_idx (state = 'DLNG').
-_REQUEUE_CRASHED_SQL = f"""
-WITH crashed AS (
-    SELECT m.id, m.lease_owner = ANY(%(dead)s) AS died
+# A delivery ended without an answer when its worker is dead (its lease owner
+# is in %(dead)s) or when it outlived its lease by %(overdue)s seconds (the
+# time Celery takes to kill a hung task, and some): a worker that died before
+# the lease ran out crashed; past it, the delivery timed out. SKIP LOCKED: a
+# row another transaction is settling right now (an ack in progress, another
+# sweeper) is left for the next sweep instead of waited on. Index:
+# message_in_flight_idx (state = 'DLNG').
+_REQUEUE_UNANSWERED_SQL = f"""
+WITH ended AS (
+    SELECT m.id, m.lease_owner = ANY(%(dead)s) AND m.lease_deadline >= now() AS crashed
     FROM broker_message AS m
-    WHERE {guard(T.REQUEUE_CRASHED)}
-      AND (m.lease_deadline < now() OR m.lease_owner = ANY(%(dead)s))
+    WHERE {guard(T.REQUEUE_UNANSWERED)}
+      AND (m.lease_deadline < now() - make_interval(secs => %(overdue)s)
+           OR m.lease_owner = ANY(%(dead)s))
     FOR UPDATE SKIP LOCKED
+), counted AS (
+    SELECT m.id, e.crashed,
+           m.crash_count + e.crashed::int AS crash_count,
+           m.timeout_count + (NOT e.crashed)::int AS timeout_count
+    FROM ended AS e JOIN broker_message AS m ON m.id = e.id
 )
 UPDATE broker_message AS m
-SET state = 'TBDL', suspect = true, crash_count = m.crash_count + 1,
-    lease_owner = '', lease_deadline = NULL, updated_at = now(), available_at = now(),
-    last_error = CASE WHEN c.died THEN 'the delivering worker died'
-                      ELSE 'the delivery outlived its lease' END
-FROM crashed AS c, broker_queue AS q
+SET state = 'TBDL', suspect = true, crash_count = c.crash_count,
+    timeout_count = c.timeout_count, lease_owner = '', lease_deadline = NULL,
+    updated_at = now(),
+    available_at = now() + make_interval(secs => CASE
+        WHEN c.crash_count + c.timeout_count <= 1 THEN 0
+        ELSE least(q.suspect_delay_seconds * 2 ^ (c.crash_count + c.timeout_count - 2),
+                   {MAX_SUSPECT_DELAY_SECONDS})
+    END),
+    last_error = CASE WHEN c.crashed THEN 'the delivering worker died'
+                      ELSE 'no answer within the lease (' || q.lease_seconds || ' s)' END
+FROM counted AS c, broker_queue AS q
 WHERE m.id = c.id AND q.id = m.queue_id
-RETURNING m.id, m.crash_count, m.attempts, q.crash_threshold, q.poison_limit
+RETURNING m.id, m.queue_id, c.crashed, m.crash_count, m.timeout_count, m.attempts,
+          q.crash_threshold, q.poison_limit
 """  # noqa: S608
 
 
@@ -125,14 +153,24 @@ class DeadLetterCause:
 
 
 @dataclass(frozen=True)
-class Crashed:
-    """A message requeued after a crash, with what decides whether it is poison."""
+class Unanswered:
+    """A message requeued after a delivery that ended without an answer, with
+    what decides whether it is poison."""
 
     id: int
+    queue_id: int
+    # This delivery ended in a crash (else in a timeout).
+    crashed: bool
     crash_count: int
+    timeout_count: int
     attempts: int
     crash_threshold: int
     poison_limit: int
+
+    @property
+    def retransmissions(self) -> int:
+        """Deliveries of the message that ended without an answer."""
+        return self.crash_count + self.timeout_count
 
 
 def messages_claim(
@@ -229,11 +267,16 @@ def messages_dead_letter(*, causes: Mapping[int, DeadLetterCause], owner: str) -
     return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
 
 
-def messages_requeue_crashed(*, dead_owners: Sequence[str]) -> list[Crashed]:
-    """DLNG -> TBDL as a crash suspect (``crash_count + 1``) for every
-    delivery whose lease owner is in ``dead_owners`` (its worker died) or
-    whose lease deadline passed (it hung). Runs in the caller's transaction;
-    the caller decides which of them are poison (``messages_quarantine``)."""
+def messages_requeue_unanswered(
+    *, dead_owners: Sequence[str], overdue_seconds: float
+) -> list[Unanswered]:
+    """DLNG -> TBDL as a suspect for every delivery whose lease owner is in
+    ``dead_owners`` (its worker died: a crash if within the lease, else a
+    timeout) or that outlived its lease by ``overdue_seconds`` (a timeout),
+    each due again after its evidence-based back-off. Runs in the caller's
+    transaction; the caller decides which of them are poison."""
     with connection.cursor() as cursor:
-        cursor.execute(_REQUEUE_CRASHED_SQL, {"dead": list(dead_owners)})
-        return [Crashed(*row) for row in cursor.fetchall()]
+        cursor.execute(
+            _REQUEUE_UNANSWERED_SQL, {"dead": list(dead_owners), "overdue": overdue_seconds}
+        )
+        return [Unanswered(*row) for row in cursor.fetchall()]

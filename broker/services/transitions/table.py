@@ -20,11 +20,13 @@ class Transition(StrEnum):
     ACK = "ack"
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
-    REQUEUE_CRASHED = "requeue_crashed"
+    REQUEUE_UNANSWERED = "requeue_unanswered"
     QUARANTINE = "quarantine"
     RELEASE = "release"
     FAIL = "fail"
     PURGE = "purge"
+    PURGE_POISON = "purge_poison"
+    EXPIRE = "expire"
     FORWARD = "forward"
     RETRY_DEAD_LETTER = "retry_dead_letter"
     DISCARD = "discard"
@@ -57,15 +59,17 @@ MACHINE: dict[Transition, Edge] = {
     Transition.RETRY: _edge({S.DELIVERING}, S.TO_BE_DELIVERED, "retried"),
     # To TBDL on the queue's dead-letter queue.
     Transition.DEAD_LETTER: _edge({S.DELIVERING}, S.TO_BE_DELIVERED, "dead-lettered"),
-    Transition.REQUEUE_CRASHED: _edge(
-        {S.DELIVERING}, S.TO_BE_DELIVERED, "requeued as crash suspects"
-    ),
+    Transition.REQUEUE_UNANSWERED: _edge({S.DELIVERING}, S.TO_BE_DELIVERED, "requeued as suspects"),
     Transition.QUARANTINE: _edge(
         {S.TO_BE_DELIVERED, S.DELIVERING}, S.NOT_DELIVERABLE, "blacklisted"
     ),
     Transition.RELEASE: _edge({S.NOT_DELIVERABLE}, S.TO_BE_DELIVERED, "released"),
     Transition.FAIL: _edge({S.NOT_DELIVERABLE}, S.FAILED, "failed"),
     Transition.PURGE: _edge({S.NOT_DELIVERABLE}, None, "purged"),
+    # The poison action "purge": deleted where it would have been blacklisted.
+    Transition.PURGE_POISON: _edge({S.TO_BE_DELIVERED, S.DELIVERING}, None, "purged as poison"),
+    # To TBDL on the queue's dead-letter queue, reason "expired".
+    Transition.EXPIRE: _edge({S.TO_BE_DELIVERED}, S.TO_BE_DELIVERED, "expired"),
     Transition.FORWARD: _edge(
         set(), S.TO_BE_DELIVERED, "forwarded", dead_letter={S.TO_BE_DELIVERED}
     ),
