@@ -1,18 +1,24 @@
-"""Delivery throughput: a bare SQL claim+ack loop vs real Celery workers, and
-how fast a killed worker's batch goes back to TBDL.
+"""Delivery throughput: a bare SQL claim+ack loop vs real Celery workers, how
+fast a killed worker's batch goes back to TBDL, and how long isolating a
+poison message keeps its innocent batch-mates waiting.
 
 Run from the project root with the services env sourced::
 
     .venv/bin/python -m bench.deliver [--messages N] [--batches 1,10,100]
         [--concurrency C] [--size BYTES] [--batch1-messages M]
+        [--isolation | --no-isolation]
 
 The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
 and its own redis-server on a free port, and removes both at the end. For each
 batch size it times a bare psycopg loop running the service's own claim and
 ack statements, then Celery workers (``noop`` consumer) draining the same
 number of messages from a fresh queue. Then it SIGKILLs a worker in the middle
-of a batch, three times, and times the sweeper. The last line printed is one
-JSON object with the figures; logs go to stderr.
+of a batch, three times, and times the sweeper. Last (unless --no-isolation)
+it publishes one batch holding a message that crashes the ``demo`` consumer,
+at batch 10 and 100 (and 100 with two such messages), on the product's
+default sweep and dispatch intervals, and times from the batch's crash to the
+last innocent batch-mate DLVD. The last line printed is one JSON object with
+the figures; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -76,6 +82,20 @@ KILL_POLL_SECONDS = 0.02
 KILL_TIMEOUT_SECONDS = 30.0
 TARGET_RATIO_BATCH = 100
 TARGETS = {"ratio_at_100": 0.5, "kill_to_tbdl_s": 2.0}
+# Isolation: one batch crashed by a poison message (the demo consumer exits on
+# CRASH), on a queue with every setting but its consumer and batch size at its
+# default. BlazingMQ bounds the delay poison isolation adds at 5 s.
+ISOLATION_BOUND_SECONDS = 5.0
+# console/settings.py's defaults, whatever the caller's environment says.
+ISOLATION_ENV = {
+    "LAZARETTO_SWEEP_INTERVAL_SECONDS": "1.0",
+    "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "1.0",
+}
+INNOCENT_PAYLOAD = b"bench isolation: innocent"
+POISON_PAYLOAD = b"bench isolation: CRASH"
+ISOLATION_POLL_SECONDS = 0.05
+# No message of the case changing state for this long is a stall.
+ISOLATION_STALL_SECONDS = 30.0
 
 DEPTH_SQL = "SELECT state, count FROM broker_queuedepth WHERE queue_id = %s"
 OUTCOME_SQL = """
@@ -91,6 +111,12 @@ DIED_SQL = """
 SELECT count(*) FROM broker_message
 WHERE id = ANY(%s) AND last_error = 'the delivering worker died'
 """
+# Per (poison?, state): how many messages, and when the last of them got there.
+ISOLATION_STATES_SQL = """
+SELECT id = ANY(%(poisons)s), state, count(*), max(extract(epoch FROM updated_at))::float8
+FROM broker_message WHERE queue_id = %(queue_id)s
+GROUP BY 1, 2
+"""
 
 
 @dataclass(frozen=True)
@@ -103,6 +129,7 @@ class Options:
     # N = 100000 it takes about two thirds of the default run (6.5 to 8 minutes
     # on 2 cores). This lets a run scale it down alone.
     batch1_messages: int
+    isolation: bool
 
     def messages_for(self, batch: int) -> int:
         return self.batch1_messages if batch == 1 else self.messages
@@ -154,6 +181,45 @@ class KillResult:
         return max(self.runs)
 
 
+@dataclass(frozen=True)
+class IsolationCase:
+    batch: int
+    poisons: int
+
+    @property
+    def key(self) -> str:
+        """The case's key in the JSON line: the batch size, ``_two_poisons`` added."""
+        return str(self.batch) if self.poisons == 1 else f"{self.batch}_two_poisons"
+
+    @property
+    def queue_name(self) -> str:
+        return f"BENCH.DELIVER.ISOLATION.{self.key.upper()}"
+
+    def poison_positions(self) -> list[int]:
+        """Where the poison messages sit in the batch: spread out, none at an end."""
+        return [self.batch * n // (self.poisons + 1) for n in range(1, self.poisons + 1)]
+
+
+ISOLATION_CASES = (IsolationCase(10, 1), IsolationCase(100, 1), IsolationCase(100, 2))
+
+
+@dataclass(frozen=True)
+class IsolationResult:
+    case: IsolationCase
+    # From the batch's crash (the poison's first delivery, as the demo consumer
+    # recorded it) to the last innocent batch-mate DLVD, and to the last poison NDLV.
+    seconds: float
+    poison_seconds: float
+    innocents: int
+    # Distinct pids that delivered the case's suspects alone (a crashed pool
+    # child comes back with a new pid).
+    isolating_processes: int
+
+    @property
+    def within_bound(self) -> bool:
+        return self.seconds <= ISOLATION_BOUND_SECONDS
+
+
 # --- arguments ----------------------------------------------------------------
 
 
@@ -178,6 +244,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--batch1-messages", type=positive_int, help="messages at batch size 1 (default N)"
     )
+    parser.add_argument(
+        "--isolation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time poison isolation at batch 10 and 100 (default: on)",
+    )
     args = parser.parse_args(argv)
     return Options(
         messages=args.messages,
@@ -185,6 +257,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         concurrency=args.concurrency,
         size=args.size,
         batch1_messages=args.batch1_messages or args.messages,
+        isolation=args.isolation,
     )
 
 
@@ -300,17 +373,20 @@ def start_workers(workers: Workers) -> None:
 
 
 @contextmanager
-def celery_processes(bench: Bench, directory: Path) -> Iterator[Workers]:
+def celery_processes(
+    bench: Bench, directory: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Workers]:
     """A deliveries worker (--concurrency C), a control worker and beat, as
-    tests.harness.Workers starts them; their process groups are killed on the
-    way out, and their logs end a failure's message."""
+    tests.harness.Workers starts them, with ``extra_env`` on top of
+    worker_env(); their process groups are killed on the way out, and their
+    logs end a failure's message."""
     from tests.harness import Workers
 
     workers = Workers(
         directory=directory,
         broker_url=bench.redis.url,
         concurrency=bench.options.concurrency,
-        extra_env=worker_env(bench.bench_url),
+        extra_env={**worker_env(bench.bench_url), **(extra_env or {})},
     )
     try:
         start_workers(workers)
@@ -559,10 +635,154 @@ def run_kill(bench: Bench) -> KillResult:
     return KillResult(runs=runs, sweep_interval=interval)
 
 
+# --- poison isolation -------------------------------------------------------------------
+
+
+def publish_case(case: IsolationCase) -> tuple[Queue, list[int], list[int]]:
+    """A fresh demo queue (defaults but consumer and batch size) and one batch
+    of ``case.batch`` messages in one publish, so that one claim takes them
+    all. Returns (queue, poison ids, innocent ids)."""
+    from broker.services.publish import messages_publish
+    from broker.services.queues import queue_create
+
+    queue = queue_create(name=case.queue_name, consumer="demo", batch_size=case.batch)
+    positions = set(case.poison_positions())
+    ids = messages_publish(
+        queue_name=queue.name,
+        messages=[
+            new_message(POISON_PAYLOAD if index in positions else INNOCENT_PAYLOAD)
+            for index in range(case.batch)
+        ],
+        put_user=PUT_USER,
+        put_application=PUT_APPLICATION,
+    )
+    poisons = [ids[index] for index in sorted(positions)]
+    innocents = [ids[index] for index in range(case.batch) if index not in positions]
+    return queue, poisons, innocents
+
+
+def wait_isolated(
+    conn: psycopg.Connection[Any],
+    case: IsolationCase,
+    queue: Queue,
+    poisons: list[int],
+    workers: Workers,
+) -> tuple[float, float]:
+    """Poll until every innocent message of the case is DLVD and every poison
+    NDLV; returns the epoch seconds of the last innocent DLVD and of the last
+    poison NDLV. Fails at once when a message ends anywhere else (an innocent
+    blacklisted, a poison delivered, a message dead-lettered away), when
+    nothing changes for ISOLATION_STALL_SECONDS, or when a task fails."""
+    innocent_count = case.batch - len(poisons)
+    seen: tuple[dict[str, int], dict[str, int]] | None = None
+    moved = checked = time.perf_counter()
+    while True:
+        rows = conn.execute(
+            ISOLATION_STATES_SQL, {"poisons": poisons, "queue_id": queue.id}
+        ).fetchall()
+        innocent = {state: count for is_poison, state, count, _ in rows if not is_poison}
+        poison = {state: count for is_poison, state, count, _ in rows if is_poison}
+        if (
+            innocent.keys() - {"TBDL", "DLNG", "DLVD"}
+            or poison.keys() - {"TBDL", "DLNG", "NDLV"}
+            or sum(innocent.values()) != innocent_count
+            or sum(poison.values()) != len(poisons)
+        ):
+            raise BenchError(
+                f"isolation {case.key}: {innocent_count} innocent messages are {innocent}, "
+                f"{len(poisons)} poison {poison}; innocents must end DLVD, poison NDLV"
+            )
+        if innocent == {"DLVD": innocent_count} and poison == {"NDLV": len(poisons)}:
+            last = {(is_poison, state): at for is_poison, state, _, at in rows}
+            return last[(False, "DLVD")], last[(True, "NDLV")]
+        now = time.perf_counter()
+        if (innocent, poison) != seen:
+            seen, moved = (innocent, poison), now
+        elif now - moved > ISOLATION_STALL_SECONDS:
+            raise BenchError(
+                f"isolation {case.key}: no message changed state for "
+                f"{ISOLATION_STALL_SECONDS:.0f}s: innocent {innocent}, poison {poison}"
+            )
+        if now - checked > CHECK_TASKS_SECONDS:
+            check_tasks(workers)
+            checked = now
+        time.sleep(ISOLATION_POLL_SECONDS)
+
+
+def batch_crash_time(
+    case: IsolationCase, records: list[dict[str, Any]], poisons: list[int]
+) -> float:
+    """time.time() of the poison's first delivery, which crashed the batch, as
+    the demo consumer recorded it just before exiting."""
+    delivered = [record for record in records if record["id"] in poisons]
+    if not delivered:
+        raise BenchError(f"isolation {case.key}: the demo consumer never recorded the poison")
+    first = min(delivered, key=lambda record: record["time"])
+    if first["isolated"]:
+        raise BenchError(
+            f"isolation {case.key}: the poison was first delivered alone, not in a batch: "
+            f"there was no batch crash to time ({first})"
+        )
+    return float(first["time"])
+
+
+def isolate_once(
+    conn: psycopg.Connection[Any], workers: Workers, case: IsolationCase
+) -> IsolationResult:
+    """Publish one batch with ``case.poisons`` poison messages and time from
+    its crash to the last innocent DLVD. The database's now() and the
+    workers' time.time() read the same clock: all run on this machine."""
+    queue, poisons, innocents = publish_case(case)
+    log(
+        f"isolation {case.key}: published {case.batch} messages to {queue.name}, "
+        f"poison at {case.poison_positions()}"
+    )
+    last_innocent, last_poison = wait_isolated(conn, case, queue, poisons, workers)
+    records = workers.records()
+    crashed = batch_crash_time(case, records, poisons)
+    ids = {*poisons, *innocents}
+    isolating = {record["pid"] for record in records if record["id"] in ids and record["isolated"]}
+    result = IsolationResult(
+        case=case,
+        seconds=last_innocent - crashed,
+        poison_seconds=last_poison - crashed,
+        innocents=len(innocents),
+        isolating_processes=len(isolating),
+    )
+    log(
+        f"isolation {case.key}: batch crash to last of {len(innocents)} innocents DLVD "
+        f"{result.seconds:.3f}s, to poison NDLV {result.poison_seconds:.3f}s; suspects "
+        f"delivered by {len(isolating)} processes"
+    )
+    return result
+
+
+def run_isolation(bench: Bench) -> list[IsolationResult]:
+    """Every isolation case in turn, on one set of Celery processes running
+    the product's default sweep and dispatch intervals."""
+    flush_redis(bench.redis)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
+        psycopg.connect(bench.bench_url, autocommit=True) as conn,
+        celery_processes(bench, Path(directory), ISOLATION_ENV) as workers,
+    ):
+        results = [isolate_once(conn, workers, case) for case in ISOLATION_CASES]
+        check_tasks(workers)
+    return results
+
+
 # --- driver and report ------------------------------------------------------------------
 
 
-def run_all(options: Options, bench_url: str) -> tuple[list[BatchResult], KillResult]:
+@dataclass(frozen=True)
+class Figures:
+    results: list[BatchResult]
+    kill: KillResult
+    # Empty with --no-isolation.
+    isolation: list[IsolationResult]
+
+
+def run_all(options: Options, bench_url: str) -> Figures:
     setup_django(bench_url)
     with (
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
@@ -571,7 +791,8 @@ def run_all(options: Options, bench_url: str) -> tuple[list[BatchResult], KillRe
         bench = Bench(options, bench_url, redis_server, make_payload(options.size))
         results = [run_batch(bench, batch) for batch in options.batches]
         kill = run_kill(bench)
-    return results, kill
+        isolation = run_isolation(bench) if options.isolation else []
+    return Figures(results, kill, isolation)
 
 
 def ratio_verdict(result: BatchResult) -> str:
@@ -581,9 +802,40 @@ def ratio_verdict(result: BatchResult) -> str:
     return f">= {target:.2f} {'PASS' if result.ratio >= target else 'MISS'}"
 
 
-def summary(
-    options: Options, results: list[BatchResult], kill: KillResult, seconds: float
-) -> dict[str, Any]:
+def isolation_summary(isolation: list[IsolationResult]) -> dict[str, Any]:
+    """The isolation keys of the JSON line; none with --no-isolation. The end
+    states were checked (the bench fails otherwise) and are stated here."""
+    if not isolation:
+        return {}
+    return {
+        "isolation_seconds": {result.case.key: round(result.seconds, 3) for result in isolation},
+        "isolation_bound_seconds": ISOLATION_BOUND_SECONDS,
+        "isolation_within_bound": all(result.within_bound for result in isolation),
+        "isolation_poison_ndlv_seconds": {
+            result.case.key: round(result.poison_seconds, 3) for result in isolation
+        },
+        "isolation_checks": {
+            result.case.key: {
+                "batch": result.case.batch,
+                "poisons": result.case.poisons,
+                "poison_state": "NDLV",
+                "innocents": result.innocents,
+                "innocents_dlvd": result.innocents,
+                "innocents_ndlv": 0,
+                "isolating_processes": result.isolating_processes,
+            }
+            for result in isolation
+        },
+        "isolation_clock": "poison's first (batch) delivery to the last innocent DLVD",
+        "isolation_intervals_s": {
+            "sweep": float(ISOLATION_ENV["LAZARETTO_SWEEP_INTERVAL_SECONDS"]),
+            "dispatch": float(ISOLATION_ENV["LAZARETTO_DISPATCH_INTERVAL_SECONDS"]),
+        },
+    }
+
+
+def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any]:
+    results, kill = figures.results, figures.kill
     return {
         "bench": "deliver",
         "messages": options.messages,
@@ -610,6 +862,7 @@ def summary(
             "runs": [round(run, 3) for run in kill.runs],
             "sweep_interval_s": kill.sweep_interval,
         },
+        **isolation_summary(figures.isolation),
         "targets": dict(TARGETS),
         "total_s": round(seconds, 1),
     }
@@ -654,13 +907,34 @@ def print_kill(kill: KillResult) -> None:
     )
 
 
-def print_report(
-    options: Options, results: list[BatchResult], kill: KillResult, seconds: float
-) -> None:
-    print_table(options, results)
-    print_kill(kill)
+def print_isolation(options: Options, isolation: list[IsolationResult]) -> None:
+    if not isolation:
+        return
+    print()
+    print(
+        f"poison isolation: consumer demo, one batch holding the poison (CRASH), queue "
+        f"defaults (crash threshold 2, poison limit 5, suspect delay 1 s), sweep and "
+        f"dispatch every {ISOLATION_ENV['LAZARETTO_SWEEP_INTERVAL_SECONDS']} s, "
+        f"--concurrency {options.concurrency}"
+    )
+    print(
+        f"{'batch':>5} {'poisons':>7} {'to last innocent DLVD':>22} {'to poison NDLV':>15}  bound"
+    )
+    for result in isolation:
+        verdict = "PASS" if result.within_bound else "MISS"
+        print(
+            f"{result.case.batch:>5} {result.case.poisons:>7} {result.seconds:>20.3f} s "
+            f"{result.poison_seconds:>13.3f} s  <= {ISOLATION_BOUND_SECONDS:g} s "
+            f"(BlazingMQ) {verdict}"
+        )
+
+
+def print_report(options: Options, figures: Figures, seconds: float) -> None:
+    print_table(options, figures.results)
+    print_kill(figures.kill)
+    print_isolation(options, figures.isolation)
     print(f"total {seconds:.0f} s")
-    print_figures(summary(options, results, kill, seconds))
+    print_figures(summary(options, figures, seconds))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -668,8 +942,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
 
     def measure(bench_url: str) -> None:
-        results, kill = run_all(options, bench_url)
-        print_report(options, results, kill, time.perf_counter() - started)
+        figures = run_all(options, bench_url)
+        print_report(options, figures, time.perf_counter() - started)
 
     return run_bench(measure)
 

@@ -10,7 +10,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import BinaryField, Count, F, Func, IntegerField, QuerySet, Sum, Value
+from django.db.models import (
+    BinaryField,
+    Count,
+    Exists,
+    F,
+    Func,
+    IntegerField,
+    OuterRef,
+    QuerySet,
+    Sum,
+    Value,
+)
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
@@ -21,6 +32,7 @@ from broker.models import (
     Heartbeat,
     Message,
     MessageState,
+    PoisonAlarm,
     Queue,
     QueueDepth,
     QueueKind,
@@ -400,3 +412,13 @@ def bulk_job_get(*, job_id: int) -> BulkJob:
     if job is None:
         raise BulkJobNotFound(f"There is no job {job_id}.")
     return job
+
+
+def poison_alarms_recent(*, limit: int = 10) -> list[PoisonAlarm]:
+    """The latest messages quarantined or purged automatically, newest first,
+    each with ``has_page``: whether its message still exists to be shown."""
+    return list(
+        PoisonAlarm.objects.annotate(
+            has_page=Exists(Message.objects.filter(id=OuterRef("message_id")))
+        ).order_by("-id")[:limit]
+    )

@@ -69,9 +69,19 @@ class QueueSettingsForm(forms.ModelForm):
         ]
         help_texts = {
             "consumer": "A handler name (noop, log, json, demo) or an http(s) webhook URL.",
-            "crash_threshold": "Crashes before a message is blacklisted.",
-            "poison_limit": "Unacknowledged deliveries before a message is blacklisted.",
-            "suspect_delay_seconds": "Pause between isolated deliveries of crash suspects (0-5).",
+            "crash_threshold": "Crashes while delivering a message before it is poison.",
+            "poison_limit": (
+                "Deliveries ending without an answer (crashes and timeouts) before a "
+                "message is poison."
+            ),
+            "suspect_delay_seconds": (
+                "Back-off before a suspect that failed alone is tried again; doubles "
+                "each time, at most 5 s (0-5)."
+            ),
+            "poison_action": "Quarantine keeps a poison message as NDLV; purge deletes it. "
+            "Both dump its payload.",
+            "alarm_webhook_url": "Poison alarms of this queue are posted here (blank: the "
+            "installation's LAZARETTO_ALARM_WEBHOOK_URL).",
         }
 
 

@@ -5,6 +5,7 @@ a lease whose advisory lock nobody holds."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,11 +15,11 @@ import redis
 from django.utils import timezone
 
 from broker.errors import IllegalTransition
-from broker.models import AuditEvent, Message, MessageState, Queue
+from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue, QueueMinute
 from broker.services.delivery import _claim, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.sweeper import messages_sweep
+from broker.services.sweeper import messages_sweep, overdue_seconds
 from broker.services.transitions.blacklist import message_purge, message_release
 from broker.services.transitions.in_flight import messages_ack
 from tests.harness import database_url_for_workers
@@ -135,19 +136,58 @@ def test_the_sweeper_leaves_a_live_delivery_alone(db):
     assert sorted(messages_sweep().requeued) == sorted(ids)
 
 
-def test_the_sweeper_takes_back_a_live_delivery_whose_lease_expired(db):
+def test_the_sweeper_takes_back_a_live_delivery_long_past_its_lease_as_a_timeout(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 1)
-    [message_id] = lease(queue, 1, owner="host:1:4243")
-    Message.objects.filter(id=message_id).update(
-        lease_deadline=timezone.now() - timedelta(seconds=1)
+    publish(queue, 2)
+    late, recent = lease(queue, 2, owner="host:1:4243")
+    # Celery kills a hung task by the loop budget after the lease ends; the
+    # sweeper waits that long (and a grace) before it takes back a live one.
+    overdue = overdue_seconds()
+    Message.objects.filter(id=late).update(
+        lease_deadline=timezone.now() - timedelta(seconds=overdue + 1)
+    )
+    Message.objects.filter(id=recent).update(
+        lease_deadline=timezone.now() - timedelta(seconds=overdue - 1)
     )
     with psycopg.connect(database_url_for_workers(), autocommit=True) as worker:
         worker.execute("SELECT pg_advisory_lock(4243)")
 
-        assert messages_sweep().requeued == [message_id]
+        assert messages_sweep().requeued == [late]
 
-    assert Message.objects.get(id=message_id).last_error == "the delivery outlived its lease"
+    message = Message.objects.get(id=late)
+    assert (message.crash_count, message.timeout_count, message.suspect) == (0, 1, True)
+    assert message.last_error == "no answer within the lease (30 s)"
+    assert Message.objects.get(id=recent).state == S.DELIVERING
+
+
+def test_a_dead_worker_past_its_lease_timed_out_rather_than_crashed(db):
+    queue = queue_create(name="Q", consumer="noop")
+    publish(queue, 1)
+    [message_id] = lease(queue, 1)
+    Message.objects.filter(id=message_id).update(
+        lease_deadline=timezone.now() - timedelta(seconds=1)
+    )
+
+    messages_sweep()
+
+    message = Message.objects.get(id=message_id)
+    assert (message.crash_count, message.timeout_count) == (0, 1)
+
+
+def crash_alone(queue: Queue, owner: str = "host:1:12345") -> int:
+    """Claim the next due suspect alone under a lease whose worker is dead."""
+    [suspect] = _claim(queue, owner, suspect=True, limit=1)
+    return suspect.id
+
+
+def time_out_alone(queue: Queue) -> int:
+    """Claim the next due suspect alone; its lease runs out (the worker was
+    killed for hanging)."""
+    message_id = crash_alone(queue)
+    Message.objects.filter(id=message_id).update(
+        lease_deadline=timezone.now() - timedelta(seconds=1)
+    )
+    return message_id
 
 
 def test_a_second_crash_blacklists_the_message_and_dumps_it(db, dumps):
@@ -158,63 +198,178 @@ def test_a_second_crash_blacklists_the_message_and_dumps_it(db, dumps):
     )
     lease(queue, 1)
     messages_sweep()
-    Message.objects.filter(id=message_id).update(suspect=False)  # let the batch claim take it
-    lease(queue, 1)
+    crash_alone(queue)
 
     result = messages_sweep()
 
     assert result.quarantined == [message_id]
     message = Message.objects.get(id=message_id)
-    assert (message.state, message.crash_count) == (S.NOT_DELIVERABLE, 2)
+    assert (message.state, message.crash_count, message.timeout_count) == (S.NOT_DELIVERABLE, 2, 0)
     assert Path(message.dump_path) == dumps / f"queue-{queue.id}" / f"message-{message_id}.json"
     dump = json.loads(Path(message.dump_path).read_text())
     assert dump["payload_base64"] == "AHBvaXNvbg=="
     assert (dump["headers"], dump["content_type"], dump["queue"]) == ({"k": "v"}, "x/y", "Q")
+    assert "queue_webhook_url" not in dump
     event = AuditEvent.objects.get(action="message_quarantine")
     assert (event.message_id, event.actor_name) == (message_id, "system")
     assert event.details["dump_path"] == message.dump_path
+    assert "crashed 2 times" in event.reason
+    assert "crash threshold 2" in event.reason
 
 
-def test_the_poison_limit_blacklists_after_that_many_unacknowledged_attempts(db):
-    queue = queue_create(name="Q", consumer="noop", crash_threshold=10, poison_limit=3)
+def test_with_the_defaults_a_message_that_keeps_timing_out_is_blacklisted_at_the_poison_limit(db):
+    queue = queue_create(name="Q", consumer="noop", suspect_delay_seconds=0)
+    assert (queue.crash_threshold, queue.poison_limit) == (2, 5)
     [message_id] = publish(queue, 1)
-    Message.objects.filter(id=message_id).update(attempts=2)
-    lease(queue, 1)  # attempt 3
+    lease(queue, 1)
+    Message.objects.filter(id=message_id).update(
+        lease_deadline=timezone.now() - timedelta(seconds=1)
+    )
+    messages_sweep()
+    for _ in range(3):
+        time_out_alone(queue)
+        assert messages_sweep().requeued == [message_id]
+
+    time_out_alone(queue)
+    result = messages_sweep()
+
+    assert result.quarantined == [message_id]
+    message = Message.objects.get(id=message_id)
+    assert (message.state, message.crash_count, message.timeout_count) == (S.NOT_DELIVERABLE, 0, 5)
+    event = AuditEvent.objects.get(action="message_quarantine", message_id=message_id)
+    assert event.reason == (
+        "5 deliveries ended without an answer (0 crashed, 5 timed out; poison limit 5)"
+    )
+
+
+def test_crashes_and_timeouts_add_up_to_the_poison_limit(db):
+    queue = queue_create(name="Q", consumer="noop", suspect_delay_seconds=0)
+    [message_id] = publish(queue, 1)
+    lease(queue, 1)
+    messages_sweep()  # a crash in its batch: 1 of 5, 1 of 2 crashes
+    for _ in range(3):
+        time_out_alone(queue)
+        assert messages_sweep().requeued == [message_id]
+    time_out_alone(queue)
 
     assert messages_sweep().quarantined == [message_id]
-    assert "poison limit 3" in AuditEvent.objects.get(message_id=message_id).reason
+    assert Message.objects.filter(id=message_id).values_list(
+        "crash_count", "timeout_count"
+    ).get() == (1, 4)
 
 
-def test_suspects_are_delivered_alone_one_at_a_time(db):
-    queue = queue_create(name="Q", consumer="noop", batch_size=10, suspect_delay_seconds=5)
+def test_a_suspect_that_keeps_failing_alone_backs_off_more_each_time_up_to_5_s(db):
+    queue = queue_create(
+        name="Q", consumer="noop", suspect_delay_seconds=1, crash_threshold=20, poison_limit=20
+    )
+    [message_id] = publish(queue, 1)
+    lease(queue, 1)
+    backoffs = []
+    for attempt in range(6):
+        if attempt:
+            Message.objects.filter(id=message_id).update(available_at=timezone.now())
+            time_out_alone(queue)
+        messages_sweep()
+        message = Message.objects.get(id=message_id)
+        backoffs.append(round((message.available_at - message.updated_at).total_seconds(), 3))
+
+    # After its batch crashed: at once; then 1, 2, 4 s, never more than 5 s.
+    assert backoffs == [0, 1, 2, 4, 5, 5]
+
+
+def test_suspects_of_one_queue_are_delivered_alone_by_several_workers_at_once(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
     publish(queue, 3)
     suspects = lease(queue, 3)
     messages_sweep()
     publish(queue, 4)
 
-    first = queue_deliver(queue_id=queue.id)
-    second = queue_deliver(queue_id=queue.id)
+    first = _claim(queue, "host:1:1", suspect=True, limit=1)
+    second = _claim(queue, "host:2:2", suspect=True, limit=1)
 
-    assert (first.claimed, first.isolated) == (1, True)
-    # The throttle holds the next suspect back; innocent messages still flow.
-    assert (second.claimed, second.isolated) == (4, False)
-    assert Message.objects.filter(id__in=suspects, state=S.DELIVERED).count() == 1
-    Queue.objects.filter(id=queue.id).update(suspect_next_at=None)
-    assert queue_deliver(queue_id=queue.id).isolated
+    assert len(first) == len(second) == 1
+    assert first[0].id != second[0].id
+    assert Message.objects.filter(id__in=suspects, state=S.DELIVERING).count() == 2
+    # A courier takes the last suspect alone, then the innocent batch.
+    third = queue_deliver(queue_id=queue.id)
+    assert (third.claimed, third.isolated) == (1, True)
+    fourth = queue_deliver(queue_id=queue.id)
+    assert (fourth.claimed, fourth.isolated) == (4, False)
 
 
-def test_two_suspects_of_a_queue_are_never_in_flight_together(db):
-    queue = queue_create(name="Q", consumer="noop", suspect_delay_seconds=0)
+def test_a_crash_while_two_suspects_are_in_flight_blames_only_the_dead_workers_one(db):
+    queue = queue_create(name="Q", consumer="noop")
     publish(queue, 2)
     lease(queue, 2)
     messages_sweep()
-    from broker.services.delivery import _claim_suspect
+    poison = crash_alone(queue, owner="host:1:111")  # its worker died
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as worker:
+        worker.execute("SELECT pg_advisory_lock(222)")
+        innocent = crash_alone(queue, owner="host:2:222")  # alive, still delivering
 
-    first = _claim_suspect(queue, "host:1:1")
-    Queue.objects.filter(id=queue.id).update(suspect_next_at=None)
+        result = messages_sweep()
 
-    assert len(first) == 1
-    assert _claim_suspect(queue, "host:1:2") == []
+        assert result.quarantined == [poison]
+        assert Message.objects.get(id=innocent).state == S.DELIVERING
+    assert messages_ack(message_ids=[innocent], owner="host:2:222") == 1
+
+
+def test_the_purge_poison_action_deletes_the_message_and_keeps_its_dump_audit_and_alarm(
+    db, dumps, caplog
+):
+    queue = queue_create(name="Q", consumer="noop", poison_action="purge")
+    [message_id] = publish(queue, 1, payload=b"poison")
+    lease(queue, 1)
+    messages_sweep()
+    crash_alone(queue)
+
+    with caplog.at_level(logging.WARNING, logger="broker.services.alarms"):
+        result = messages_sweep()
+
+    assert (result.purged, result.quarantined) == ([message_id], [])
+    assert not Message.objects.filter(id=message_id).exists()
+    dump_path = dumps / f"queue-{queue.id}" / f"message-{message_id}.json"
+    assert json.loads(dump_path.read_text())["payload_base64"] == "cG9pc29u"
+    event = AuditEvent.objects.get(action="message_purge_poison")
+    assert (event.message_id, event.queue_name) == (message_id, "Q")
+    assert event.details["dump_path"] == str(dump_path)
+    alarm = PoisonAlarm.objects.get()
+    assert (alarm.action, alarm.message_id, alarm.crash_count) == ("purge", message_id, 2)
+    assert alarm.dump_path == str(dump_path)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    for part in (f"message {message_id}", "on Q", "purged", "crash count 2", str(dump_path)):
+        assert part in warning.getMessage()
+    assert QueueMinute.objects.get(queue=queue).poisoned == 1
+
+
+def test_every_quarantine_raises_an_alarm_logged_and_counted(db, dumps, caplog):
+    queue = queue_create(name="Q", consumer="noop")
+    [message_id] = publish(queue, 1)
+    lease(queue, 1)
+    messages_sweep()
+    crash_alone(queue)
+
+    with caplog.at_level(logging.WARNING, logger="broker.services.alarms"):
+        messages_sweep()
+
+    message = Message.objects.get(id=message_id)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    for part in (
+        f"message {message_id}",
+        "on Q",
+        "quarantined",
+        "crash count 2",
+        message.dump_path,
+    ):
+        assert part in warning.getMessage()
+    alarm = PoisonAlarm.objects.get()
+    assert (alarm.action, alarm.queue_name, alarm.dump_path) == (
+        "quarantine",
+        "Q",
+        message.dump_path,
+    )
+    assert alarm.notification == "none"
+    assert QueueMinute.objects.get(queue=queue).poisoned == 1
 
 
 def test_a_queue_without_a_dead_letter_queue_blacklists_exhausted_messages(db):

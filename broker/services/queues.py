@@ -27,6 +27,8 @@ QUEUE_SETTINGS = (
     "crash_threshold",
     "poison_limit",
     "suspect_delay_seconds",
+    "poison_action",
+    "alarm_webhook_url",
     "max_messages",
     "overflow",
     "discard_to_dead_letter",
