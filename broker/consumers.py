@@ -74,16 +74,23 @@ def is_webhook(consumer: str) -> bool:
     return "://" in consumer
 
 
+def validate_webhook_url(url: str) -> None:
+    """Model-field validator: blank, or an http(s) URL with a host."""
+    if not url:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValidationError(
+            "A webhook must be an http:// or https:// URL with a host.", code="bad_webhook"
+        )
+
+
 def validate_consumer(consumer: str) -> None:
     """Model-field validator: a registered handler name or an http(s) URL."""
     if not consumer:
         return
     if is_webhook(consumer):
-        parts = urlsplit(consumer)
-        if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise ValidationError(
-                "A webhook must be an http:// or https:// URL with a host.", code="bad_webhook"
-            )
+        validate_webhook_url(consumer)
         return
     if consumer not in _HANDLERS:
         raise ValidationError(

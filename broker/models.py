@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from broker.consumers import validate_consumer
+from broker.consumers import validate_consumer, validate_webhook_url
 from broker.topic_grammar import TopicError, filter_levels, is_under, topic_levels
 
 QUEUE_NAME_MAX_LENGTH = 48
@@ -72,11 +72,6 @@ class PoisonAction(models.TextChoices):
     PURGE = "purge", "Purge"
 
 
-def validate_alarm_webhook(value: str) -> None:
-    if value and not value.startswith(("http://", "https://")):
-        raise ValidationError("Use an http:// or https:// URL.", code="invalid_webhook")
-
-
 class Queue(models.Model):
     name = models.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
@@ -98,7 +93,7 @@ class Queue(models.Model):
     # Where poison alarms of this queue are posted; blank: the installation's
     # LAZARETTO_ALARM_WEBHOOK_URL, if any.
     alarm_webhook_url = models.CharField(
-        max_length=2048, blank=True, validators=[validate_alarm_webhook]
+        max_length=2048, blank=True, validators=[validate_webhook_url]
     )
     # The back-off before a suspect that already failed alone is delivered
     # again; it doubles with each further failure, up to 5 s

@@ -22,6 +22,7 @@ def test_it_gets_a_message_with_its_payload(viewer_api, orders, publish):
     assert body["payload"] == '{"order": 1}'
     assert body["payload_encoding"] == "string"
     assert body["dead_letter"] is None
+    assert (body["crash_count"], body["timeout_count"]) == (0, 0)
 
 
 def test_an_unknown_message_is_404(viewer_api, db):

@@ -72,6 +72,11 @@ def test_it_rejects_a_duplicate_name(admin_api, orders):
         ("consumer", "no-such-handler"),
         ("suspect_delay_seconds", 5.5),
         ("suspect_delay_seconds", -1),
+        ("poison_action", "explode"),
+        ("poison_action", ""),
+        ("alarm_webhook_url", "ftp://alarms.example.com/"),
+        ("alarm_webhook_url", "http://"),
+        ("alarm_webhook_url", "javascript:alert(1)"),
     ],
 )
 def test_it_rejects_bad_settings_beside_their_field(admin_api, orders, field, value):
@@ -100,6 +105,27 @@ def test_it_lists_queues_by_name_whatever_their_kind(viewer_api, orders):
     names = [queue["name"] for queue in viewer_api.get(QUEUES).json()]
 
     assert names == ["A.DLQ", "ORDERS.IN", "SYSTEM.DEAD.LETTER.QUEUE", "ZULU.IN"]
+
+
+def test_a_queue_may_purge_its_poison_and_name_its_own_alarm_webhook(admin_api):
+    response = admin_api.post(
+        QUEUES,
+        {
+            "name": "PURGING.Q",
+            "poison_action": "purge",
+            "alarm_webhook_url": "https://alarms.example.com/lazaretto",
+        },
+        format="json",
+    )
+
+    assert response.status_code == 201, response.json()
+    queue = Queue.objects.get(name="PURGING.Q")
+    assert (queue.poison_action, queue.alarm_webhook_url) == (
+        "purge",
+        "https://alarms.example.com/lazaretto",
+    )
+    default = admin_api.post(QUEUES, {"name": "DEFAULT.Q"}, format="json").json()
+    assert (default["poison_action"], default["alarm_webhook_url"]) == ("quarantine", "")
 
 
 def test_an_admin_updates_settings(admin_api, orders):

@@ -38,6 +38,8 @@ SETTINGS = {
     "crash_threshold": "2",
     "poison_limit": "5",
     "suspect_delay_seconds": "1",
+    "poison_action": "quarantine",
+    "alarm_webhook_url": "",
     "max_payload_bytes": "1048576",
     "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE",
 }
@@ -56,6 +58,24 @@ def test_an_admin_changes_settings(admin, orders):
     }
 
 
+def test_an_admin_chooses_to_purge_poison_and_names_an_alarm_webhook(admin, orders):
+    response = logged_in(admin).post(
+        "/queues/ORDERS.IN/settings/",
+        {
+            **SETTINGS,
+            "poison_action": "purge",
+            "alarm_webhook_url": "https://alarms.example.com/hook",
+        },
+    )
+
+    assert response.status_code == 302
+    orders.refresh_from_db()
+    assert (orders.poison_action, orders.alarm_webhook_url) == (
+        "purge",
+        "https://alarms.example.com/hook",
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -64,6 +84,8 @@ def test_an_admin_changes_settings(admin, orders):
         ("consumer", "ftp://x.example.com/", "http:// or https://"),
         ("consumer", "nope", "No handler is registered"),
         ("suspect_delay_seconds", "9", "less than or equal to 5"),
+        ("poison_action", "explode", "Select a valid choice"),
+        ("alarm_webhook_url", "ftp://alarms.example.com/", "http:// or https://"),
         ("dead_letter_queue", "ORDERS.IN", "Select a valid choice"),
         ("description", "d" * 201, "at most 200 characters"),
     ],

@@ -8,7 +8,7 @@ expiry."""
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-import broker.models
+import broker.consumers
 
 
 class Migration(migrations.Migration):
@@ -89,7 +89,7 @@ class Migration(migrations.Migration):
             model_name="queue",
             name="alarm_webhook_url",
             field=models.CharField(
-                blank=True, max_length=2048, validators=[broker.models.validate_alarm_webhook]
+                blank=True, max_length=2048, validators=[broker.consumers.validate_webhook_url]
             ),
         ),
         migrations.AddField(

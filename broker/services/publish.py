@@ -31,6 +31,7 @@ MAX_HEADERS = 64
 MAX_HEADER_NAME_LENGTH = 128
 MAX_HEADERS_JSON_BYTES = 16 * 1024
 MAX_DELAY_SECONDS = 15 * 60
+MAX_EXPIRY_SECONDS = 365 * 24 * 60 * 60
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class NewMessage:
     headers: Mapping[str, str] = field(default_factory=dict)
     priority: int = 4
     delay_seconds: int = 0
+    # Not delivered, but dead-lettered with reason "expired", when still
+    # waiting this long after the publish; None: it never expires.
+    expires_in_seconds: float | None = None
 
 
 COPY_COLUMNS = (
@@ -75,6 +79,12 @@ RESERVE_IDS_SQL = (
     " FROM generate_series(1, %s))"
 )
 COPY_SQL = f"COPY broker_message ({', '.join(COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+# A batch in which some message expires writes expires_at too; the others
+# leave it to its default (NULL) and keep the narrower row.
+EXPIRING_COPY_TYPES = (*COPY_TYPES, "timestamptz")
+EXPIRING_COPY_SQL = (
+    f"COPY broker_message ({', '.join((*COPY_COLUMNS, 'expires_at'))}) FROM STDIN (FORMAT BINARY)"
+)
 
 
 def _validate(message: NewMessage, index: int, queue: Queue) -> None:
@@ -104,6 +114,17 @@ def _validate(message: NewMessage, index: int, queue: Queue) -> None:
         raise invalid("delay_seconds", "The delay must be a whole number of seconds.")
     if not 0 <= message.delay_seconds <= MAX_DELAY_SECONDS:
         raise invalid("delay_seconds", f"The delay must be from 0 to {MAX_DELAY_SECONDS} seconds.")
+    expiry = message.expires_in_seconds
+    if expiry is not None:
+        if isinstance(expiry, bool) or not isinstance(expiry, int | float):
+            raise invalid("expires_in_seconds", "The expiry must be a number of seconds.")
+        # NaN fails every comparison and infinity the upper bound.
+        if not 0 < expiry <= MAX_EXPIRY_SECONDS:
+            raise invalid(
+                "expires_in_seconds",
+                f"The expiry must be more than 0 and at most {MAX_EXPIRY_SECONDS:,} seconds "
+                "(365 days).",
+            )
     if not message.content_type or len(message.content_type) > 100:
         raise invalid("content_type", "The content type must be 1 to 100 characters.")
     headers = message.headers
@@ -288,26 +309,30 @@ def copy_messages(
     assert row is not None
     now, ids = row
     state = MessageState.TO_BE_DELIVERED.value
-    with cursor.copy(COPY_SQL) as copy:
-        copy.set_types(COPY_TYPES)
+    expiring = any(message.expires_in_seconds is not None for message in messages)
+    with cursor.copy(EXPIRING_COPY_SQL if expiring else COPY_SQL) as copy:
+        copy.set_types(EXPIRING_COPY_TYPES if expiring else COPY_TYPES)
         for message_id, message in zip(ids, messages, strict=True):
             available_at = (
                 now + timedelta(seconds=message.delay_seconds) if message.delay_seconds else now
             )
-            copy.write_row(
-                (
-                    message_id,
-                    queue_id,
-                    message.payload,
-                    message.content_type,
-                    Jsonb(dict(message.headers)),
-                    message.priority,
-                    state,
-                    available_at,
-                    put_application,
-                    put_user,
-                    now,
-                    now,
-                )
+            values: tuple[Any, ...] = (
+                message_id,
+                queue_id,
+                message.payload,
+                message.content_type,
+                Jsonb(dict(message.headers)),
+                message.priority,
+                state,
+                available_at,
+                put_application,
+                put_user,
+                now,
+                now,
             )
+            if expiring:
+                # From the publish: the transaction's now(), as every row's times.
+                expiry = message.expires_in_seconds
+                values = (*values, None if expiry is None else now + timedelta(seconds=expiry))
+            copy.write_row(values)
     return list(ids)

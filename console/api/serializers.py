@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
@@ -25,7 +27,7 @@ from broker.selectors import (
     dead_letter_queue_list,
     topic_list,
 )
-from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
+from broker.services.publish import MAX_DELAY_SECONDS, MAX_EXPIRY_SECONDS, NewMessage
 from broker.services.queues import QUEUE_SETTINGS
 from broker.services.rule_tables import rule_table_report
 
@@ -155,6 +157,37 @@ class PayloadField(serializers.CharField):
         ]
 
 
+@extend_schema_field(
+    {
+        "type": "number",
+        "format": "double",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": MAX_EXPIRY_SECONDS,
+    }
+)
+class ExpiryField(serializers.FloatField):
+    """Seconds until a message expires: a number (or numeric string, as
+    DRF's FloatField takes) above 0 and at most 365 days. Booleans, NaN and
+    infinity, which ``float()`` would take, are refused here so the error
+    names the field."""
+
+    default_error_messages = {"not_positive": "Ensure this value is greater than 0."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_value=MAX_EXPIRY_SECONDS, **kwargs)
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("invalid")
+        if value <= 0:
+            self.fail("not_positive")
+        return value
+
+
 class MessageInSerializer(serializers.Serializer[NewMessage]):
     payload = PayloadField(
         allow_blank=True, trim_whitespace=False, help_text="The body, as text or base64."
@@ -168,6 +201,13 @@ class MessageInSerializer(serializers.Serializer[NewMessage]):
     headers = serializers.JSONField(default=dict, help_text="A flat object of string values.")
     priority = serializers.IntegerField(min_value=0, max_value=9, default=4)
     delay_seconds = serializers.IntegerField(min_value=0, max_value=MAX_DELAY_SECONDS, default=0)
+    expires_in_seconds = ExpiryField(
+        required=False,
+        allow_null=True,
+        help_text="Seconds (above 0, at most 31536000: 365 days) the message may wait from "
+        "its publish; still waiting then, it is not delivered but moved to its queue's "
+        "dead-letter queue with reason `expired`. Absent or null: it never expires.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["payload_encoding"] == "base64":
@@ -191,6 +231,7 @@ class MessageInSerializer(serializers.Serializer[NewMessage]):
             headers=attrs["headers"],
             priority=attrs["priority"],
             delay_seconds=attrs["delay_seconds"],
+            expires_in_seconds=attrs.get("expires_in_seconds"),
         )
 
 
@@ -254,6 +295,7 @@ class MessageListSerializer(serializers.ModelSerializer[Message]):
             "payload_bytes",
             "attempts",
             "crash_count",
+            "timeout_count",
             "suspect",
             "available_at",
             "created_at",
@@ -282,8 +324,10 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
             "payload_bytes",
             "attempts",
             "crash_count",
+            "timeout_count",
             "suspect",
             "available_at",
+            "expires_at",
             "lease_owner",
             "lease_deadline",
             "last_error",
