@@ -149,7 +149,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # httpx logs every request with its full URL, which for webhooks may
+    # carry a token; the consumers and the alarm notifier log outcomes themselves.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
 # Lazaretto's own defaults.
@@ -171,6 +173,7 @@ CELERY_TASK_DEFAULT_QUEUE = "deliveries"
 CELERY_TASK_ROUTES = {
     "lazaretto.sweep": {"queue": "control"},
     "lazaretto.dispatch": {"queue": "control"},
+    "lazaretto.notify_alarms": {"queue": "control"},
 }
 # Wake-ups are hints: a publish must never wait for Redis.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 2}
@@ -181,6 +184,14 @@ LAZARETTO_DEAD_LETTER_SCAN_SECONDS = env_float("LAZARETTO_DEAD_LETTER_SCAN_SECON
 # Where poison alarms (messages quarantined or purged automatically) are
 # posted as JSON, unless a queue names its own alarm webhook; blank: nowhere.
 LAZARETTO_ALARM_WEBHOOK_URL = env_str("LAZARETTO_ALARM_WEBHOOK_URL", "")
+# An alarm whose webhook failed this many times is given up on (failed; the
+# alarm itself stays). Tries are 2, 4, 8, … seconds apart, at most 300 s.
+LAZARETTO_ALARM_NOTIFY_ATTEMPTS = env_int("LAZARETTO_ALARM_NOTIFY_ATTEMPTS", 10)
+# An alarm webhook has this long to accept the connection, and again to answer.
+LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS = env_float("LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS", 5.0)
+# How often beat has due alarms posted (the sweeper also asks at once after
+# setting a message aside).
+LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS = env_float("LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS", 2.0)
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
 # A delivery task keeps claiming batches of its queue for up to this long,
@@ -214,5 +225,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "lazaretto.dead_letter_scan",
         "schedule": LAZARETTO_DEAD_LETTER_SCAN_SECONDS,
         "options": {"expires": 2 * LAZARETTO_DEAD_LETTER_SCAN_SECONDS},
+    },
+    # Poison alarms due to be posted to their webhook (one runner at a time).
+    "notify-alarms": {
+        "task": "lazaretto.notify_alarms",
+        "schedule": LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS,
+        "options": {"expires": 2 * LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS},
     },
 }

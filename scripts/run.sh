@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run Lazaretto locally: the console web server, the Celery delivery worker,
-# the control worker (sweeper and dispatcher) and beat.
+# the control worker (sweeper, dispatcher, alarm webhook) and beat.
 # Normally started by `make run`, which has already migrated, loaded demo data and
 # put DATABASE_URL / CELERY_BROKER_URL (var/services.env) in the environment.
 #
@@ -56,7 +56,7 @@ CELERY="$REPO/.venv/bin/celery"
 mkdir -p "$REPO/var/log"
 start_bg celery-deliveries "$CELERY" -A workers worker -Q deliveries -l info \
     --logfile "$REPO/var/log/celery-deliveries.log"
-start_bg celery-control "$CELERY" -A workers worker -Q control -c 1 -n control@%h -l info \
+start_bg celery-control "$CELERY" -A workers worker -Q control -c 2 -n control@%h -l info \
     --logfile "$REPO/var/log/celery-control.log"
 start_bg celery-beat "$CELERY" -A workers beat -l info \
     --schedule "$REPO/var/celerybeat-schedule" --logfile "$REPO/var/log/celery-beat.log"

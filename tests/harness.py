@@ -152,7 +152,7 @@ class Workers:
         )
         self._spawn(
             "control",
-            [*celery, "worker", "-Q", "control", "-c", "1", "-n", "control@%h", *quiet],
+            [*celery, "worker", "-Q", "control", "-c", "2", "-n", "control@%h", *quiet],
         )
         self._spawn(
             "beat",

@@ -21,8 +21,10 @@ from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
+from broker.services.notify import alarms_notify_due
 from broker.services.stats import heartbeat
 from broker.services.sweeper import messages_sweep
+from broker.services.transitions.expiry import messages_expire
 from broker.signals import bulk_job_submitted, messages_available
 from workers.celery import app
 
@@ -86,6 +88,9 @@ def sweep() -> None:
     """Requeue unanswered deliveries as suspects, set aside the poison, and
     wake a delivery task per suspect so they are isolated in parallel."""
     heartbeat(name="control")
+    expired = messages_expire()
+    if expired:
+        logger.info("sweep: %s expired message(s) moved to dead-letter queues", len(expired))
     result = messages_sweep()
     if not result.found:
         return
@@ -105,6 +110,34 @@ def sweep() -> None:
                 lease_seconds=lease_seconds[queue_id],
                 tasks=_fanout(suspects, 1, suspects),
             )
+    if result.quarantined or result.purged:
+        _send_notify_alarms()
+
+
+def _send_notify_alarms() -> None:
+    try:
+        notify_alarms.apply_async(expires=30.0, retry=False)
+    except Exception as error:  # Redis down: beat asks again every few seconds
+        logger.warning("could not ask for the poison alarms to be posted: %s", error)
+
+
+# A run finishes the post under way when its budget ends, so it can last this
+# plus LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS.
+NOTIFY_TASK_BUDGET_SECONDS = 3.0
+
+
+@app.task(name="lazaretto.notify_alarms", ignore_result=True)
+def notify_alarms() -> None:
+    """Post due poison alarms to their webhooks (one runner at a time; a
+    second one returns at once)."""
+    result = alarms_notify_due(budget_seconds=NOTIFY_TASK_BUDGET_SECONDS)
+    if result.posted:
+        logger.info(
+            "alarms: %s sent, %s to retry, %s given up",
+            len(result.sent),
+            len(result.retrying),
+            len(result.failed),
+        )
 
 
 @app.task(name="lazaretto.dispatch", ignore_result=True)

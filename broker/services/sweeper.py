@@ -10,10 +10,10 @@ suspect, delivered alone from then on (``broker.services.delivery``).
 
 Two rules decide that a suspect is poison, whichever comes first:
 
-* the crash threshold (seed 000's blacklisting): a message whose consumer
-  crashed ``crash_threshold`` times (default 2: once in its batch, once
-  alone) is poison;
-* the poison limit (seed 001's retransmission limit): a message whose
+* the crash threshold (blacklisting as IBM's message servers do it): a
+  message whose consumer crashed ``crash_threshold`` times (default 2: once
+  in its batch, once alone) is poison;
+* the poison limit (BlazingMQ's retransmission limit): a message whose
   deliveries ended without an answer ``poison_limit`` times (default 5),
   crashes and timeouts together, is poison; this is what catches a message
   that hangs its consumer rather than killing it.

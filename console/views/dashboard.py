@@ -1,5 +1,6 @@
 """The dashboard: every queue's depth and limit, the blacklist and dead-letter
-tiles, the last hour's deliveries, and whether the workers answer."""
+tiles, the last hour's deliveries, whether the workers answer, and the last
+messages quarantined or purged automatically."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 
 from broker.models import MessageState
-from broker.selectors import heartbeats, last_hour, queue_summaries
+from broker.selectors import heartbeats, last_hour, poison_alarms_recent, queue_summaries
 from console.charts import rate_chart
 from console.roles import Role
 from console.views.common import (
@@ -33,6 +34,7 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
             s.depth[MessageState.TO_BE_DELIVERED] for s in summaries if s.queue.is_dead_letter
         ),
         "chart": rate_chart(last_hour()),
+        "alarms": poison_alarms_recent(),
         "workers": [
             {"name": name, "age": beats.get(name), "healthy": beats.get(name, 1e9) <= limit}
             for name, limit in HEALTHY_WITHIN.items()
