@@ -199,9 +199,9 @@ LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
 # not per batch).
 LAZARETTO_DELIVERY_TASK_SECONDS = env_float("LAZARETTO_DELIVERY_TASK_SECONDS", 1.0)
 # A delivery task is killed (Celery's hard time limit) once it runs its loop
-# budget plus the queue's lease_seconds; the lease in the database lasts this
-# much longer still, so the sweeper sees a hung delivery as a dead worker (a
-# crash) rather than as an expired lease.
+# budget plus the queue's lease_seconds, which the sweeper counts as a
+# timeout. A delivery whose worker is still alive this much later than that
+# is taken back too (broker.services.sweeper.overdue_seconds).
 LAZARETTO_LEASE_GRACE_SECONDS = 2
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
