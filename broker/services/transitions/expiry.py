@@ -5,13 +5,10 @@ blacklisted. Paused queues expire too: pausing stops delivery, not time."""
 
 from __future__ import annotations
 
-import json
-
 from django.db import connection, transaction
 
 from broker.models import QueueKind
-from broker.services.transitions.blacklist import messages_quarantine
-from broker.services.transitions.headers import dead_letter_header
+from broker.services.transitions.in_flight import DeadLetterCause, dead_letter_locked
 from broker.services.transitions.table import Transition, guard
 
 T = Transition
@@ -29,13 +26,6 @@ ORDER BY m.expires_at, m.id
 LIMIT %(limit)s
 FOR UPDATE OF m SKIP LOCKED
 """  # noqa: S608
-_EXPIRE_SQL = """
-UPDATE broker_message AS m
-SET queue_id = d.queue_id, dead_letter = d.header, suspect = false, expires_at = NULL,
-    available_at = now(), enqueued_at = now(), updated_at = now()
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS d(id bigint, queue_id bigint, header jsonb)
-WHERE m.id = d.id
-"""
 
 
 def messages_expire(*, limit: int = 1000) -> list[int]:
@@ -46,32 +36,11 @@ def messages_expire(*, limit: int = 1000) -> list[int]:
     Runs in its own transaction; returns the ids that expired either way."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_EXPIRED_SQL, {"limit": limit})
-        moves = []
-        nowhere: dict[int, str] = {}
-        for (
-            message_id,
-            queue_name,
-            target,
-            application,
-            user,
-            content_type,
-            expires_at,
-        ) in cursor.fetchall():
-            error = f"not delivered before it expired at {expires_at.isoformat()}"
-            if target is None:
-                nowhere[message_id] = (
-                    f"expired, and queue {queue_name} has no dead-letter queue: {error}"
-                )
-                continue
-            header = dead_letter_header(
-                reason="expired",
-                original_queue=queue_name,
-                put_application=application,
-                put_user=user,
-                content_type=content_type,
-                error=error,
+        rows = cursor.fetchall()
+        causes = {
+            row[0]: DeadLetterCause(
+                "expired", f"not delivered before it expired at {row[-1].isoformat()}"
             )
-            moves.append({"id": message_id, "queue_id": target, "header": header})
-        if moves:
-            cursor.execute(_EXPIRE_SQL, {"rows": json.dumps(moves)})
-        return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
+            for row in rows
+        }
+        return dead_letter_locked(cursor, rows=[row[:-1] for row in rows], causes=causes)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from broker.models import MAX_SUSPECT_DELAY_SECONDS
 from broker.services.transitions.blacklist import messages_quarantine
@@ -240,30 +241,42 @@ def messages_dead_letter(*, causes: Mapping[int, DeadLetterCause], owner: str) -
         return []
     with connection.cursor() as cursor:
         cursor.execute(_DEAD_LETTER_READ_SQL, {"ids": list(causes), "owner": owner})
-        rows = cursor.fetchall()
-        moves = []
-        nowhere: dict[int, str] = {}
-        for message_id, queue_name, target, application, user, content_type in rows:
-            cause = causes[message_id]
-            if target is None:
-                nowhere[message_id] = (
-                    f"{cause.reason}, and queue {queue_name} has no dead-letter queue: "
-                    f"{cause.error}"
-                )
-                continue
-            header = dead_letter_header(
-                reason=cause.reason,
-                original_queue=queue_name,
-                put_application=application,
-                put_user=user,
-                content_type=content_type,
-                error=cause.error,
+        return dead_letter_locked(cursor, rows=cursor.fetchall(), causes=causes)
+
+
+def dead_letter_locked(
+    cursor: CursorWrapper,
+    *,
+    rows: Sequence[tuple[int, str, int | None, str, str, str]],
+    causes: Mapping[int, DeadLetterCause],
+) -> list[int]:
+    """Move messages the caller has locked to TBDL on their queue's
+    dead-letter queue with a dead-letter header from ``causes``, or blacklist
+    them when their queue has none. ``rows`` are (id, queue name, dead-letter
+    queue id, put application, put user, content type). Returns the ids that
+    moved either way."""
+    moves = []
+    nowhere: dict[int, str] = {}
+    for message_id, queue_name, target, application, user, content_type in rows:
+        cause = causes[message_id]
+        if target is None:
+            nowhere[message_id] = (
+                f"{cause.reason}, and queue {queue_name} has no dead-letter queue: {cause.error}"
             )
-            moves.append(
-                {"id": message_id, "queue_id": target, "header": header, "error": header["error"]}
-            )
-        if moves:
-            cursor.execute(_DEAD_LETTER_SQL, {"rows": json.dumps(moves)})
+            continue
+        header = dead_letter_header(
+            reason=cause.reason,
+            original_queue=queue_name,
+            put_application=application,
+            put_user=user,
+            content_type=content_type,
+            error=cause.error,
+        )
+        moves.append(
+            {"id": message_id, "queue_id": target, "header": header, "error": header["error"]}
+        )
+    if moves:
+        cursor.execute(_DEAD_LETTER_SQL, {"rows": json.dumps(moves)})
     return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
 
 
