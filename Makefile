@@ -78,6 +78,7 @@ test: venv services
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 	bash scripts/browser.sh
+	bash scripts/spark.sh
 	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(VENV)/bin/pytest
 
 lint: venv
@@ -96,6 +97,7 @@ run: venv services
 	@$(load_env)
 	export PORT="$(PORT)"
 	set -x
+	bash scripts/spark.sh
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 	exec scripts/run.sh

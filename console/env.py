@@ -103,6 +103,16 @@ def env_path(name: str, default: Path, base: Path) -> Path:
     return path
 
 
+def env_file(name: str, default: Path, base: Path) -> Path:
+    """A file; a relative value is taken from ``base``. Whether it exists is
+    checked by what uses it, which says what to install."""
+    value = _raw(name)
+    path = base / value if value else default
+    if path.is_dir():
+        raise _bad(name, str(path), "a file (the path is a directory)")
+    return path
+
+
 def env_int(name: str, default: int, minimum: int = 1) -> int:
     value = _raw(name)
     if not value:

@@ -6,10 +6,12 @@ import socket
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 from console.env import (
     env_bool,
     env_database,
+    env_file,
     env_float,
     env_int,
     env_list,
@@ -38,6 +40,12 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 CELERY_BROKER_URL = env_redis_url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 DUMP_DIR = env_path("DUMP_DIR", BASE_DIR / "var" / "dumps", base=BASE_DIR)
 SPARK_MASTER = env_spark_master("SPARK_MASTER", "local[*]")
+# PostgreSQL's JDBC driver, which Spark jobs read and write the database with
+# (Debian's libpostgresql-jdbc-java; scripts/spark.sh installs it).
+SPARK_JDBC_JAR = env_file("SPARK_JDBC_JAR", Path("/usr/share/java/postgresql.jar"), base=BASE_DIR)
+# Where the archive keeps delivered and failed messages, as Parquet files
+# partitioned by queue and day.
+ARCHIVE_DIR = env_path("ARCHIVE_DIR", BASE_DIR / "var" / "archive", base=BASE_DIR)
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -171,6 +179,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "deliveries"
 CELERY_TASK_ROUTES = {
+    "lazaretto.replay_job": {"queue": "pipeline"},
+    "lazaretto.archive": {"queue": "pipeline"},
     "lazaretto.sweep": {"queue": "control"},
     "lazaretto.dispatch": {"queue": "control"},
     "lazaretto.notify_alarms": {"queue": "control"},
@@ -203,6 +213,17 @@ LAZARETTO_DELIVERY_TASK_SECONDS = env_float("LAZARETTO_DELIVERY_TASK_SECONDS", 1
 # timeout. A delivery whose worker is still alive this much later than that
 # is taken back too (broker.services.sweeper.overdue_seconds).
 LAZARETTO_LEASE_GRACE_SECONDS = 2
+# The data pipeline (workers.spark). Delivered and failed messages older than
+# this many days (a queue's archive_retention_days wins) go to the archive.
+LAZARETTO_ARCHIVE_RETENTION_DAYS = env_int("LAZARETTO_ARCHIVE_RETENTION_DAYS", 7)
+# Rows one archive step writes, verifies and deletes before the next.
+LAZARETTO_ARCHIVE_CHUNK_ROWS = env_int("LAZARETTO_ARCHIVE_CHUNK_ROWS", 200_000)
+# A replay job reads, routes and writes its source in id ranges of about this
+# many messages; progress is stored after each.
+LAZARETTO_REPLAY_SLICE_ROWS = env_int("LAZARETTO_REPLAY_SLICE_ROWS", 250_000)
+# JDBC partitions (parallel connections) a Spark job reads one range with.
+LAZARETTO_SPARK_PARTITIONS = env_int("LAZARETTO_SPARK_PARTITIONS", 4)
+LAZARETTO_SPARK_DRIVER_MEMORY = env_str("LAZARETTO_SPARK_DRIVER_MEMORY", "2g")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
         "task": "lazaretto.sweep",
@@ -225,6 +246,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "lazaretto.dead_letter_scan",
         "schedule": LAZARETTO_DEAD_LETTER_SCAN_SECONDS,
         "options": {"expires": 2 * LAZARETTO_DEAD_LETTER_SCAN_SECONDS},
+    },
+    # The archive, once a day (python manage.py archive run does the same).
+    "archive": {
+        "task": "lazaretto.archive",
+        "schedule": crontab(hour=3, minute=17),
+        "options": {"expires": 3600},
     },
     # Poison alarms due to be posted to their webhook (one runner at a time).
     "notify-alarms": {

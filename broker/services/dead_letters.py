@@ -33,7 +33,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from broker.models import DeadLetterAttempt, Overflow, Queue, QueueKind, RuleTable
-from broker.rules import Rule, RulesTable, matching_rules, parse, reason_code
+from broker.rules import Rule, RulesTable, applicable_rule, destination, parse
+from broker.rules import message_attributes as rules_attributes
 from broker.selectors import active_rule_table, live_count, queue_depths
 from broker.services.audit import AuditEntry, audit_record_many
 from broker.services.transitions.dead_lettered import (
@@ -70,8 +71,6 @@ FROM unnest(%(ids)s::bigint[], %(rules)s::int[]) AS a(message_id, rule_number)
 ON CONFLICT (message_id, rule_table_id, rule_number) DO NOTHING
 """
 
-TEXT_FORMATS = ("text/", "application/json", "application/xml")
-
 
 @cache
 def _parsed(table_id: int, text: str) -> RulesTable:
@@ -89,21 +88,6 @@ def active_table(queue: Queue) -> tuple[RuleTable, RulesTable] | None:
     return row, _parsed(row.id, row.text)
 
 
-def _int_header(headers: dict[str, str], name: str, default: int) -> int:
-    try:
-        return int(headers.get(name, default))
-    except (TypeError, ValueError):
-        return default
-
-
-def mq_format(content_type: str, headers: dict[str, str]) -> str:
-    """MQ's FORMAT: the ``mq-format`` header, else MQSTR for text."""
-    if "mq-format" in headers:
-        return headers["mq-format"]
-    text = content_type.startswith(TEXT_FORMATS) or content_type.endswith(("+json", "+xml"))
-    return "MQSTR" if text else ""
-
-
 def message_attributes(
     *,
     dead_letter: dict[str, Any],
@@ -112,26 +96,15 @@ def message_attributes(
     put_application: str,
     put_user: str,
 ) -> dict[str, str | int]:
-    """What the rules' patterns match against, in MQ's terms."""
-    try:
-        reason = reason_code(str(dead_letter.get("reason", "")))
-    except KeyError:
-        reason = 0
-    return {
-        "DESTQ": str(dead_letter.get("original_queue", "")),
-        "DESTQM": settings.LAZARETTO_INSTANCE_NAME,
-        "REASON": reason,
-        "APPLNAME": put_application,
-        "USERID": put_user,
-        "FORMAT": mq_format(content_type, headers),
-        "APPLIDAT": headers.get("mq-appl-identity-data", ""),
-        "APPLTYPE": _int_header(headers, "mq-appl-type", 0),
-        "PERSIST": _int_header(headers, "mq-persistence", 1),
-        "MSGTYPE": _int_header(headers, "mq-msg-type", 8),
-        "FEEDBACK": _int_header(headers, "mq-feedback", 0),
-        "REPLYQ": headers.get("mq-reply-to-q", ""),
-        "REPLYQM": headers.get("mq-reply-to-qm", ""),
-    }
+    """What the rules' patterns match against, in MQ's terms, on this instance."""
+    return rules_attributes(
+        dead_letter=dead_letter,
+        headers=headers,
+        content_type=content_type,
+        put_application=put_application,
+        put_user=put_user,
+        queue_manager=settings.LAZARETTO_INSTANCE_NAME,
+    )
 
 
 @dataclass
@@ -151,17 +124,6 @@ class ScanResult:
 
 
 Used = dict[tuple[int, int], int]
-
-
-def applicable_rule(
-    table: RulesTable, attributes: dict[str, str | int], message_id: int, used: Used
-) -> tuple[int, Rule] | None:
-    """The first matching rule (numbered from 1) whose RETRY count is not used
-    up for this message; None means the message is ignored."""
-    for number, rule in matching_rules(table, attributes):
-        if used.get((message_id, number), 0) < rule.retry:
-            return number, rule
-    return None
 
 
 @dataclass
@@ -353,12 +315,8 @@ def _act(
     if rule.action == "DISCARD":
         chunk.discards.append(message_id)
         return None
-    if rule.action == "RETRY":
-        name, manager, keep_header = str(attributes["DESTQ"]), None, True
-    else:
-        name = _resolve(rule.fwdq or "", attributes)
-        manager = _resolve(rule.fwdqm, attributes) if rule.fwdqm else None
-        keep_header = rule.header
+    where = destination(rule, attributes)
+    name, manager, keep_header = where.queue, where.manager, where.keep_header
     if manager and manager != settings.LAZARETTO_INSTANCE_NAME:
         return f"queue manager {manager} is not this instance"
     target = targets.get(name)
@@ -370,11 +328,6 @@ def _act(
     chunk.moves[(rule.action, target.id, keep_header)].append(message_id)
     chunk.live[target.id] += 1
     return None
-
-
-def _resolve(value: str, attributes: dict[str, str | int]) -> str:
-    """FWDQ / FWDQM values, with &DESTQ, &REPLYQ, &DESTQM, &REPLYQM resolved."""
-    return str(attributes[value[1:]]) if value.startswith("&") else value
 
 
 def _full(target: Queue, chunk: _Chunk) -> str | None:
