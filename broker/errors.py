@@ -44,6 +44,17 @@ class BulkJobNotFound(NotFound):
     code = "bulk_job_not_found"
 
 
+class ReplayJobNotFound(NotFound):
+    code = "replay_job_not_found"
+
+
+class ReplayJobBusy(BrokerError):
+    """A replay job in the wrong status for the request: cancelling a
+    finished job, running again one that runs."""
+
+    code = "replay_job_busy"
+
+
 class QueueIsDeadLetter(BrokerError):
     """Applications publish to ordinary queues; only the broker dead-letters."""
 

@@ -10,3 +10,7 @@ messages_available = Signal()
 
 # Sent inside the transaction that queued a bulk triage ``job`` (a BulkJob).
 bulk_job_submitted = Signal()
+
+# Sent inside the transaction that queued a replay ``job`` (a ReplayJob), new
+# or to run again.
+replay_job_submitted = Signal()

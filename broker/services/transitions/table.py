@@ -33,6 +33,8 @@ class Transition(StrEnum):
     DISCARD_OLD = "discard_old"
     PURGE_WAITING = "purge_waiting"
     RESUBMIT = "resubmit"
+    REPLAY = "replay"
+    ARCHIVE = "archive"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,15 @@ MACHINE: dict[Transition, Edge] = {
     Transition.RESUBMIT: _edge(
         {S.NOT_DELIVERABLE}, None, "resubmitted", dead_letter={S.TO_BE_DELIVERED}
     ),
+    # The source stays as it is; a replay job writes a copy to its target.
+    Transition.REPLAY: _edge(
+        {S.NOT_DELIVERABLE, S.FAILED, S.DELIVERED},
+        None,
+        "replayed",
+        dead_letter={S.TO_BE_DELIVERED},
+    ),
+    # Deleted once the archive holds it.
+    Transition.ARCHIVE: _edge({S.DELIVERED, S.FAILED}, None, "archived"),
 }
 
 _STATE_WORDS = {
