@@ -158,8 +158,7 @@ def replay_validate(spec: ReplaySpec) -> None:
             errors[name] = [f"At most {MAX_TEXT_FILTER} characters."]
     if spec.velocity is not None and not 1 <= spec.velocity <= MAX_VELOCITY:
         errors["velocity"] = [
-            f"Give from 1 to {MAX_VELOCITY:,} messages per second, or leave it empty "
-            "for no limit."
+            f"Give from 1 to {MAX_VELOCITY:,} messages per second, or leave it empty for no limit."
         ]
     if spec.rules_text.strip():
         result = parse(spec.rules_text)

@@ -1,0 +1,238 @@
+"""The message archive: delivered and failed messages past their queue's
+retention, kept as Parquet files under ARCHIVE_DIR, partitioned by queue
+and by the day they were published (``queue=NAME/day=YYYY-MM-DD/``).
+
+A Spark job writes it (workers.spark.archive); the console reads it here
+with pyarrow, which opens only the partitions and columns a search needs
+and answers in milliseconds, where a Spark session takes seconds to start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from django.conf import settings
+from django.db.models import F
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from broker.models import Queue
+
+if TYPE_CHECKING:
+    from broker.services.replay import ReplayFilter
+
+# The archive's columns, in the order the archive job writes them.
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("state", pa.string()),
+        ("payload", pa.binary()),
+        ("content_type", pa.string()),
+        ("headers", pa.string()),
+        ("priority", pa.int32()),
+        ("attempts", pa.int32()),
+        ("crash_count", pa.int32()),
+        ("timeout_count", pa.int32()),
+        ("dead_letter", pa.string()),
+        ("last_error", pa.string()),
+        ("put_application", pa.string()),
+        ("put_user", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+PARTITIONING = ds.partitioning(
+    pa.schema([("queue", pa.string()), ("day", pa.string())]), flavor="hive"
+)
+INCOMING = "_incoming"
+MAX_RESULTS = 500
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    id: int
+    queue: str
+    state: str
+    payload: bytes
+    content_type: str
+    headers: dict[str, Any]
+    dead_letter: dict[str, Any] | None
+    put_application: str
+    put_user: str
+    created_at: datetime
+    updated_at: datetime
+
+
+def archive_dir() -> Path:
+    return Path(settings.ARCHIVE_DIR)
+
+
+def partition_value(queue: str) -> str:
+    """A queue name as a partition directory holds it ('/' and '%' escaped,
+    as Spark and pyarrow both read them)."""
+    return quote(queue, safe="._")
+
+
+def retention_cutoffs(*, now: datetime | None = None) -> dict[int, datetime]:
+    """Per queue id: messages published before this are due for the archive."""
+    now = now or timezone.now()
+    default = settings.LAZARETTO_ARCHIVE_RETENTION_DAYS
+    return {
+        queue_id: now - timedelta(days=days)
+        for queue_id, days in Queue.objects.annotate(
+            days=Coalesce(F("archive_retention_days"), default)
+        ).values_list("id", "days")
+    }
+
+
+def _dataset() -> ds.Dataset | None:
+    root = archive_dir()
+    if not root.is_dir():
+        return None
+    files = [
+        str(path)
+        for path in root.glob("queue=*/day=*/*.parquet")
+        if not path.name.startswith((".", "_"))
+    ]
+    if not files:
+        return None
+    return ds.dataset(
+        files,
+        schema=SCHEMA,
+        format="parquet",
+        partitioning=PARTITIONING,
+        partition_base_dir=str(root),
+    )
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).date().isoformat()
+
+
+def _expression(
+    *, queues: tuple[str, ...], since: datetime | None, until: datetime | None
+) -> ds.Expression | None:
+    parts: list[ds.Expression] = []
+    if queues:
+        parts.append(ds.field("queue").isin(list(queues)))
+    if since is not None:
+        parts.append(ds.field("day") >= _day(since))
+        parts.append(ds.field("created_at") >= pa.scalar(since, pa.timestamp("us", tz="UTC")))
+    if until is not None:
+        parts.append(ds.field("day") <= _day(until))
+        parts.append(ds.field("created_at") < pa.scalar(until, pa.timestamp("us", tz="UTC")))
+    if not parts:
+        return None
+    expression = parts[0]
+    for part in parts[1:]:
+        expression = expression & part
+    return expression
+
+
+def _header(value: str | None, name: str) -> str | None:
+    try:
+        headers = json.loads(value or "{}")
+    except ValueError:
+        return None
+    found = headers.get(name) if isinstance(headers, dict) else None
+    return None if found is None else str(found)
+
+
+def _reason(value: str | None) -> str:
+    try:
+        header = json.loads(value or "null")
+    except ValueError:
+        return ""
+    return str(header.get("reason", "")) if isinstance(header, dict) else ""
+
+
+def _matches(table: pa.Table, window: ReplayFilter) -> pa.Table:
+    """The rows of ``table`` that pass the filter's reason, header and
+    payload parts (queue and time are pushed down to the scan)."""
+    if window.payload_text:
+        needle = window.payload_text.encode()
+        keep = [needle in (payload or b"") for payload in table.column("payload").to_pylist()]
+        table = table.filter(pa.array(keep, pa.bool_()))
+    pair = window.header_pair
+    if pair is not None:
+        keep = [_header(value, pair[0]) == pair[1] for value in table.column("headers").to_pylist()]
+        table = table.filter(pa.array(keep, pa.bool_()))
+    if window.reason:
+        keep = [
+            _reason(value) == window.reason for value in table.column("dead_letter").to_pylist()
+        ]
+        table = table.filter(pa.array(keep, pa.bool_()))
+    return table
+
+
+def archive_count(window: ReplayFilter) -> int:
+    """How many archived messages a replay filter matches."""
+    dataset = _dataset()
+    if dataset is None:
+        return 0
+    expression = _expression(queues=window.queues, since=window.since, until=window.until)
+    if not (window.payload_text or window.header or window.reason):
+        return int(dataset.count_rows(filter=expression))
+    columns = ["payload", "headers", "dead_letter"]
+    total = 0
+    for batch in dataset.to_batches(columns=columns, filter=expression):
+        total += _matches(pa.Table.from_batches([batch]), window).num_rows
+    return total
+
+
+def archive_search(
+    *,
+    queue: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    before_id: int | None = None,
+    limit: int = 50,
+) -> list[ArchivedMessage]:
+    """Archived messages of ``queue`` published in [since, until), newest
+    (highest id) first, below ``before_id`` for the next page."""
+    dataset = _dataset()
+    if dataset is None:
+        return []
+    expression = _expression(queues=(queue,), since=since, until=until)
+    if before_id is not None:
+        below = ds.field("id") < before_id
+        expression = below if expression is None else expression & below
+    table = dataset.to_table(filter=expression)
+    if table.num_rows == 0:
+        return []
+    order = pc.sort_indices(table, sort_keys=[("id", "descending")])
+    table = table.take(order[: min(limit, MAX_RESULTS)])
+    return [_archived(row) for row in table.to_pylist()]
+
+
+def _archived(row: dict[str, Any]) -> ArchivedMessage:
+    return ArchivedMessage(
+        id=row["id"],
+        queue=row["queue"],
+        state=row["state"],
+        payload=row["payload"] or b"",
+        content_type=row["content_type"] or "",
+        headers=json.loads(row["headers"] or "{}"),
+        dead_letter=json.loads(row["dead_letter"]) if row["dead_letter"] else None,
+        put_application=row["put_application"] or "",
+        put_user=row["put_user"] or "",
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def archive_days(*, queue: str) -> list[date]:
+    """The days the archive holds messages of ``queue`` for, newest first."""
+    root = archive_dir() / f"queue={partition_value(queue)}"
+    if not root.is_dir():
+        return []
+    days = [date.fromisoformat(path.name.removeprefix("day=")) for path in root.glob("day=*")]
+    return sorted(days, reverse=True)
