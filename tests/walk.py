@@ -34,6 +34,15 @@ def delivered(queue: Queue, count: int) -> list[int]:
     return ids
 
 
+def published(queue: Queue, count: int, message: NewMessage) -> list[int]:
+    """``count`` copies of ``message`` on ``queue``, in batches the API allows."""
+    ids: list[int] = []
+    while len(ids) < count:
+        batch = min(1000, count - len(ids))
+        ids += messages_publish(queue_name=queue.name, messages=[message] * batch)
+    return ids
+
+
 def dead_lettered(
     queue: Queue,
     count: int,
@@ -44,9 +53,7 @@ def dead_lettered(
 ) -> list[int]:
     """Published to ``queue``, claimed, and dead-lettered with ``reason``:
     TBDL on the queue's dead-letter queue with a dead-letter header."""
-    ids = messages_publish(
-        queue_name=queue.name, messages=[NewMessage(payload=b"{}", headers=headers)] * count
-    )
+    ids = published(queue, count, NewMessage(payload=b"{}", headers=headers))
     assert sorted(claimed(queue, count)) == sorted(ids), f"{queue.name} held other messages"
     messages_dead_letter(causes=dict.fromkeys(ids, DeadLetterCause(reason, error)), owner=OWNER)
     return ids

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
 
-from broker.models import BulkJob, Queue
+from broker.models import BulkJob, Queue, ReplayJob
 from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
@@ -25,8 +25,9 @@ from broker.services.notify import alarms_notify_due
 from broker.services.stats import heartbeat
 from broker.services.sweeper import messages_sweep
 from broker.services.transitions.expiry import messages_expire
-from broker.signals import bulk_job_submitted, messages_available
+from broker.signals import bulk_job_submitted, messages_available, replay_job_submitted
 from workers.celery import app
+from workers.pipeline import archive_launch, replay_job_launch
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +186,33 @@ def _send_bulk_job(job_id: int) -> None:
 def bulk_job(job_id: int) -> None:
     """Run a bulk triage job (idempotent: a rerun takes up what is left)."""
     bulk_job_run(job_id=job_id)
+
+
+@receiver(replay_job_submitted)
+def launch_after_submit(sender: Any, job: ReplayJob, **kwargs: Any) -> None:
+    transaction.on_commit(lambda: _send_replay_job(job.id), robust=True)
+
+
+def _send_replay_job(job_id: int) -> None:
+    try:
+        replay_job.apply_async((job_id,), retry=False)
+    except Exception as error:  # Redis down: the job stays queued; the console says so
+        logger.warning("could not launch replay job %s: %s", job_id, error)
+
+
+@app.task(name="lazaretto.replay_job", ignore_result=True)
+def replay_job(job_id: int) -> None:
+    """Run a replay job's Spark driver to its end (on the pipeline queue)."""
+    job = replay_job_launch(job_id)
+    logger.info("replay job %s %s: %s written", job.id, job.status, job.written)
+
+
+@app.task(name="lazaretto.archive", ignore_result=True)
+def archive() -> None:
+    """Move delivered and failed messages past retention to the archive."""
+    status = archive_launch()
+    if status:
+        logger.warning("the archive's Spark driver exited with status %s", status)
 
 
 @app.task(name="lazaretto.heartbeat", ignore_result=True)

@@ -1,0 +1,344 @@
+"""The replay job's Spark driver.
+
+For each id range of the source (LAZARETTO_REPLAY_SLICE_ROWS rows): read it
+over JDBC in LAZARETTO_SPARK_PARTITIONS partitions (or from the archive's
+Parquet files), mark what the filter keeps, route it (the job's target, or
+the rules table on the executors), load what is to be written into the
+staging table, then write the copies with one set-based statement per range
+(per second's worth under a velocity limit) that skips what the job wrote
+before. Counts are stored after each step, so the console shows progress,
+and a cancel is honoured between steps (the launcher also stops the driver
+outright).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from broker.models import Queue, ReplayJob, ReplayJobStatus, ReplaySource
+from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
+from broker.services.archive import archive_dir
+from broker.services.replay import (
+    ReplaySpec,
+    replay_run_finish,
+    replay_run_progress,
+    replay_run_start,
+    replay_stage_clear,
+    replay_write_staged,
+    source_query,
+    source_range,
+)
+from workers.spark.session import read_range, spark_session, write_table
+
+logger = logging.getLogger(__name__)
+
+FILTERED = "filtered"
+SAMPLE_ROWS = 10
+ROUTED = StructType(
+    [
+        StructField("id", LongType(), False),
+        StructField("verdict", StringType(), False),
+        StructField("target", StringType(), True),
+        StructField("rule", IntegerType(), False),
+        StructField("keep_header", BooleanType(), False),
+    ]
+)
+# What a replay from the archive stages besides the route: the message itself.
+ARCHIVE_COLUMNS = (
+    "payload",
+    "content_type",
+    "headers",
+    "priority",
+    "dead_letter",
+    "put_application",
+    "put_user",
+)
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class Tally:
+    read: int = 0
+    matched: int = 0
+    written: int = 0
+    skipped: int = 0
+    failed: int = 0
+    per_target: Counter[str] = field(default_factory=Counter)
+    per_rule: Counter[str] = field(default_factory=Counter)
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+    def stored(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "matched": self.matched,
+            "written": self.written,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "per_target": dict(self.per_target),
+            "per_rule": dict(self.per_rule),
+            "sample": self.sample,
+        }
+
+
+def replay_main(job_id: int) -> int:
+    """Run a queued job to its end; the exit status says whether it failed."""
+    job = replay_run_start(job_id=job_id, pid=os.getpid())
+    if job is None:
+        logger.info("replay job %s is not queued; nothing to do", job_id)
+        return 0
+    try:
+        spark = spark_session(f"lazaretto-replay-{job.id}")
+        replay_run_progress(job_id=job.id, spark_app_id=spark.sparkContext.applicationId)
+        Replay(spark, job).run()
+    except Cancelled:
+        replay_run_finish(job_id=job.id, status=ReplayJobStatus.CANCELLED)
+        return 0
+    except Exception as error:
+        logger.exception("replay job %s failed", job.id)
+        replay_run_finish(job_id=job.id, status=ReplayJobStatus.FAILED, error=str(error))
+        return 1
+    replay_run_finish(job_id=job.id, status=ReplayJobStatus.DONE)
+    return 0
+
+
+class Replay:
+    def __init__(self, spark: SparkSession, job: ReplayJob) -> None:
+        self.spark = spark
+        self.job = job
+        self.spec = ReplaySpec.of(job)
+        self.tally = Tally()
+        self.from_archive = job.source == ReplaySource.ARCHIVE
+        self.queues = sorted(Queue.objects.values_list("name", flat=True))
+
+    def run(self) -> None:
+        replay_stage_clear(job_id=self.job.id)
+        if self.from_archive:
+            frame = self._archive_frame()
+            total = frame.count()
+            self._report(total=total)
+            if total:
+                self._slice(frame, 0, 2**62)
+            return
+        source = source_range(self.spec)
+        self._report(total=source.rows)
+        if not source.rows:
+            return
+        query = source_query(self.spec, with_payload=bool(self.spec.filter.payload_text))
+        slices = max(1, math.ceil(source.rows / settings.LAZARETTO_REPLAY_SLICE_ROWS))
+        step = math.ceil((source.last_id - source.first_id + 1) / slices)
+        for first in range(source.first_id, source.last_id + 1, step):
+            last = min(first + step - 1, source.last_id)
+            self._slice(read_range(self.spark, query, first, last), first - 1, last)
+
+    # --- reading -----------------------------------------------------------------
+
+    def _archive_frame(self) -> DataFrame:
+        root = archive_dir()
+        if not any(root.glob("queue=*/day=*/*.parquet")):
+            return self.spark.createDataFrame([], ROUTED)
+        frame = self.spark.read.option("basePath", str(root)).parquet(str(root))
+        window = self.spec.filter
+        if window.queues:
+            frame = frame.where(F.col("queue").isin(list(window.queues)))
+        if window.since:
+            frame = frame.where(F.col("day") >= window.since.date().isoformat())
+            frame = frame.where(F.col("created_at") >= F.lit(window.since))
+        if window.until:
+            frame = frame.where(F.col("day") <= window.until.date().isoformat())
+            frame = frame.where(F.col("created_at") < F.lit(window.until))
+        return frame.withColumn("original_queue", F.col("queue")).withColumn(
+            "queue_name", F.col("queue")
+        )
+
+    def _kept(self) -> Column:
+        """What the filter keeps, beyond the source, queues and time range
+        the read already applied."""
+        window = self.spec.filter
+        kept = F.lit(True)
+        if window.reason:
+            kept = kept & (F.get_json_object("dead_letter", "$.reason") == window.reason)
+        pair = window.header_pair
+        if pair is not None:
+            headers = F.from_json("headers", MapType(StringType(), StringType()))
+            kept = kept & (headers.getItem(pair[0]) == pair[1])
+        if window.payload_text:
+            kept = kept & F.col("payload").cast("string").contains(window.payload_text)
+        return F.coalesce(kept, F.lit(False))
+
+    # --- routing -----------------------------------------------------------------
+
+    def _routed(self, frame: DataFrame) -> DataFrame:
+        marked = frame.withColumn("kept", self._kept())
+        dropped = marked.where(~F.col("kept")).select(
+            "id",
+            F.lit(FILTERED).alias("verdict"),
+            F.lit(None).cast("string").alias("target"),
+            F.lit(0).alias("rule"),
+            F.lit(True).alias("keep_header"),
+        )
+        kept = marked.where(F.col("kept"))
+        if self.spec.rules_text.strip():
+            route = partial(
+                route_rows,
+                rules_text=self.spec.rules_text,
+                target=self.spec.target_queue,
+                queue_manager=settings.LAZARETTO_INSTANCE_NAME,
+            )
+            columns = ["id", "original_queue", "dead_letter", "headers", "content_type"]
+            columns += ["put_application", "put_user"]
+            routed = self.spark.createDataFrame(
+                kept.select(*columns).rdd.mapPartitions(route), ROUTED
+            )
+        else:
+            target = (
+                F.lit(self.spec.target_queue) if self.spec.target_queue else F.col("original_queue")
+            )
+            routed = kept.select(
+                "id",
+                F.when(target.isNull() | (target == ""), F.lit(FAIL))
+                .otherwise(F.lit(WRITE))
+                .alias("verdict"),
+                target.alias("target"),
+                F.lit(0).alias("rule"),
+                F.lit(True).alias("keep_header"),
+            )
+        known = F.col("target").isin(self.queues)
+        routed = routed.withColumn(
+            "verdict",
+            F.when((F.col("verdict") == WRITE) & ~known, F.lit(FAIL)).otherwise(F.col("verdict")),
+        )
+        everything = routed.unionByName(dropped)
+        if self.from_archive:
+            everything = everything.join(frame.select("id", *ARCHIVE_COLUMNS), "id")
+        return everything
+
+    # --- one id range ------------------------------------------------------------
+
+    def _slice(self, frame: DataFrame, after: int, upto: int) -> None:
+        routed = self._routed(frame).persist()
+        try:
+            groups = routed.groupBy("verdict", "target", "rule").count().collect()
+            staged = self._count(groups)
+            if self.job.dry_run:
+                self._sample(routed)
+            elif staged:
+                self._stage(routed)
+        finally:
+            routed.unpersist()
+        if not self.job.dry_run and staged:
+            self._write(after, upto, staged)
+        self._report()
+
+    def _count(self, groups: list[Any]) -> int:
+        """Add a range's routing to the tally; returns the messages to write."""
+        tally = self.tally
+        to_write = 0
+        for verdict, target, rule, count in groups:
+            tally.read += count
+            if verdict == FILTERED:
+                continue
+            tally.matched += count
+            tally.per_rule[str(rule) if self.spec.rules_text.strip() else "none"] += count
+            if verdict == FAIL:
+                tally.failed += count
+            elif verdict == SKIP:
+                tally.skipped += count
+            elif verdict == WRITE:
+                to_write += count
+                if self.job.dry_run:
+                    tally.written += count
+                    tally.per_target[target] += count
+        return to_write
+
+    def _sample(self, routed: DataFrame) -> None:
+        if len(self.tally.sample) >= SAMPLE_ROWS:
+            return
+        rows = (
+            routed.where(F.col("verdict") == WRITE)
+            .orderBy("id")
+            .limit(SAMPLE_ROWS - len(self.tally.sample))
+            .collect()
+        )
+        self.tally.sample += [
+            {"message": row["id"], "target": row["target"], "rule": row["rule"]} for row in rows
+        ]
+
+    def _stage(self, routed: DataFrame) -> None:
+        columns = [
+            F.lit(self.job.id).cast("long").alias("job_id"),
+            F.col("id").alias("source_id"),
+            "target",
+            F.col("rule").alias("rule_number"),
+            "keep_header",
+        ]
+        if self.from_archive:
+            columns += [
+                F.col(name).cast("int").alias(name) if name == "priority" else name
+                for name in ARCHIVE_COLUMNS
+            ]
+        write_table(routed.where(F.col("verdict") == WRITE).select(*columns), "broker_replaystage")
+
+    # --- writing -----------------------------------------------------------------
+
+    def _write(self, after: int, upto: int, staged: int) -> None:
+        """Write the range's staged copies: in one statement, or under a
+        velocity limit in statements of at most ``velocity`` messages, a
+        second apart."""
+        velocity = self.job.velocity
+        bounds = [upto] if velocity is None else self._bounds(after, upto, velocity)
+        written = 0
+        for upper in bounds:
+            started = time.monotonic()
+            by_queue = replay_write_staged(job=self.job, after=after, upto=upper)
+            after = upper
+            written += sum(by_queue.values())
+            self.tally.written += sum(by_queue.values())
+            self.tally.per_target.update(by_queue)
+            if velocity is not None and upper != bounds[-1]:
+                self._report()
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        # Staged but not written: the job wrote them in an earlier run.
+        self.tally.skipped += staged - written
+        replay_stage_clear(job_id=self.job.id, upto=upto)
+
+    def _bounds(self, after: int, upto: int, velocity: int) -> list[int]:
+        """Source ids that cut the range's staged rows into runs of ``velocity``."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT source_id FROM ("
+                " SELECT source_id, row_number() OVER (ORDER BY source_id) AS n"
+                " FROM broker_replaystage"
+                " WHERE job_id = %s AND source_id > %s AND source_id <= %s"
+                ") AS staged WHERE n %% %s = 0 ORDER BY source_id",
+                [self.job.id, after, upto, velocity],
+            )
+            cuts = [source_id for (source_id,) in cursor.fetchall()]
+        return [*cuts, upto] if not cuts or cuts[-1] != upto else cuts
+
+    def _report(self, **extra: Any) -> None:
+        if replay_run_progress(job_id=self.job.id, **self.tally.stored(), **extra):
+            raise Cancelled
