@@ -49,9 +49,9 @@ SCHEMA = pa.schema(
         ("updated_at", pa.timestamp("us", tz="UTC")),
     ]
 )
-PARTITIONING = ds.partitioning(
-    pa.schema([("queue", pa.string()), ("day", pa.string())]), flavor="hive"
-)
+PARTITION_FIELDS = pa.schema([("queue", pa.string()), ("day", pa.string())])
+PARTITIONING = ds.partitioning(PARTITION_FIELDS, flavor="hive")
+DATASET_SCHEMA = pa.unify_schemas([SCHEMA, PARTITION_FIELDS])
 INCOMING = "_incoming"
 MAX_RESULTS = 500
 
@@ -106,7 +106,7 @@ def _dataset() -> ds.Dataset | None:
         return None
     return ds.dataset(
         files,
-        schema=SCHEMA,
+        schema=DATASET_SCHEMA,
         format="parquet",
         partitioning=PARTITIONING,
         partition_base_dir=str(root),

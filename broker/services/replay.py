@@ -41,10 +41,10 @@ MAX_TEXT_FILTER = 1000
 # A running job whose driver has been silent this long is taken for dead.
 STALE_AFTER = timedelta(minutes=2)
 
-_SOURCE_STATES = {
-    ReplaySource.BLACKLIST: "NDLV",
-    ReplaySource.FAILED: "FAIL",
-    ReplaySource.DELIVERED: "DLVD",
+_SOURCE_STATES: dict[str, str] = {
+    ReplaySource.BLACKLIST.value: "NDLV",
+    ReplaySource.FAILED.value: "FAIL",
+    ReplaySource.DELIVERED.value: "DLVD",
 }
 
 

@@ -30,7 +30,6 @@ from pyspark.sql.types import (
     BooleanType,
     IntegerType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
@@ -183,7 +182,7 @@ class Replay:
             kept = kept & (F.get_json_object("dead_letter", "$.reason") == window.reason)
         pair = window.header_pair
         if pair is not None:
-            headers = F.from_json("headers", MapType(StringType(), StringType()))
+            headers = F.from_json("headers", "map<string,string>")
             kept = kept & (headers.getItem(pair[0]) == pair[1])
         if window.payload_text:
             kept = kept & F.col("payload").cast("string").contains(window.payload_text)
@@ -288,7 +287,7 @@ class Replay:
         ]
 
     def _stage(self, routed: DataFrame) -> None:
-        columns = [
+        columns: list[Column | str] = [
             F.lit(self.job.id).cast("long").alias("job_id"),
             F.col("id").alias("source_id"),
             "target",
