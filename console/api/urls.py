@@ -32,6 +32,17 @@ urlpatterns = [
         )
         for action in ("validate", "dry-run", "activate")
     ),
+    path("replay-jobs/", views.ReplayJobListView.as_view(), name="api-replay-jobs"),
+    path("replay-jobs/preview/", views.ReplayPreviewView.as_view(), name="api-replay-job-preview"),
+    path("replay-jobs/<int:job_id>/", views.ReplayJobDetailView.as_view(), name="api-replay-job"),
+    *(
+        path(
+            f"replay-jobs/<int:job_id>/{action}/",
+            views.ReplayJobActionView.as_view(operation=action),
+            name=f"api-replay-job-{action}",
+        )
+        for action in ("cancel", "run")
+    ),
     path(
         "subscriptions/<path:name>/",
         views.SubscriptionDetailView.as_view(),

@@ -19,7 +19,15 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from broker.models import Message, MessageState, Queue, RuleTable, Subscription
+from broker.models import (
+    Message,
+    MessageState,
+    Queue,
+    ReplayJob,
+    ReplayJobStatus,
+    RuleTable,
+    Subscription,
+)
 from broker.selectors import (
     message_get,
     queue_summaries,
@@ -30,6 +38,13 @@ from broker.selectors import (
 )
 from broker.services.publish import messages_publish, topic_publish
 from broker.services.queues import queue_create, queue_delete, queue_get, queue_update
+from broker.services.replay import (
+    replay_job_cancel,
+    replay_job_get,
+    replay_job_run_again,
+    replay_job_submit,
+    replay_preview,
+)
 from broker.services.rule_tables import (
     rule_table_activate,
     rule_table_create,
@@ -56,6 +71,9 @@ from console.api.serializers import (
     PublishSerializer,
     QueueSerializer,
     QueueSummarySerializer,
+    ReplayJobSerializer,
+    ReplayPreviewSerializer,
+    ReplaySpecSerializer,
     RollbackSerializer,
     RuleTableSerializer,
     RuleTableTextSerializer,
@@ -153,6 +171,8 @@ class NewestFirst(CursorPagination):
 
 
 class QueueMessagesView(ListAPIView[Message]):
+    # The schema's model; get_queryset needs the queue from the URL.
+    queryset = Message.objects.none()
     serializer_class = MessageListSerializer
     filterset_class = MessageFilter
     pagination_class = NewestFirst
@@ -399,3 +419,72 @@ class RuleTableRollbackView(APIView):
         serializer.is_valid(raise_exception=True)
         table = rule_table_rollback(queue=serializer.validated_data["queue"], actor=request.user)
         return Response(RuleTableSerializer(table).data)
+
+
+class ReplayJobFilter(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=ReplayJobStatus.choices)
+
+    class Meta:
+        model = ReplayJob
+        fields = ["status"]
+
+
+REPLAY_SPEC_ERRORS = (
+    "Field errors name the field: `source`, `source_queue`, `target_queue`, `rules_text` "
+    '("line N, column C: ..."), `velocity`, `dry_run`, and the filter\'s parts by their own '
+    "names (`queues`, `reason`, `since`, `until`, `header`, `payload_text`). Unknown keys are "
+    "refused."
+)
+
+
+class ReplayJobListView(ListAPIView[ReplayJob]):
+    """Replay jobs, newest first, in keyset pages; `?status=` (repeatable)."""
+
+    queryset = ReplayJob.objects.select_related("created_by")
+    serializer_class = ReplayJobSerializer
+    filterset_class = ReplayJobFilter
+    pagination_class = NewestFirst
+
+    @extend_schema(
+        request=ReplaySpecSerializer,
+        responses={201: ReplayJobSerializer, 400: ERROR, 403: ERROR},
+        description="Submit a replay job (operator). It is checked whole: anything wrong is "
+        "400 with an error per field and nothing is stored. A worker runs it on Spark. "
+        + REPLAY_SPEC_ERRORS,
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ReplaySpecSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = replay_job_submit(spec=serializer.spec(), actor=request.user)
+        return Response(ReplayJobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class ReplayPreviewView(APIView):
+    @extend_schema(
+        request=ReplaySpecSerializer,
+        responses={200: ReplayPreviewSerializer, 400: ERROR, 403: ERROR},
+        description="How many messages a replay job would read (its filter, before any "
+        "rules), checked as a submission is; nothing is stored. " + REPLAY_SPEC_ERRORS,
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ReplaySpecSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response({"count": replay_preview(serializer.spec())})
+
+
+class ReplayJobDetailView(APIView):
+    @extend_schema(responses={200: ReplayJobSerializer, 404: ERROR})
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(ReplayJobSerializer(replay_job_get(job_id=job_id)).data)
+
+
+class ReplayJobActionView(APIView):
+    """cancel: stop a queued or running job. run: queue a finished, failed or
+    cancelled job again; it writes only what earlier runs did not."""
+
+    operation = ""
+
+    @extend_schema(request=None, responses={200: ReplayJobSerializer, 404: ERROR, 409: ERROR})
+    def post(self, request: Request, job_id: int) -> Response:
+        act = replay_job_cancel if self.operation == "cancel" else replay_job_run_again
+        return Response(ReplayJobSerializer(act(job_id=job_id, actor=request.user)).data)
