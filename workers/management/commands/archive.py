@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from broker.services.archive import MAX_RESULTS, ArchivedMessage, archive_search
 from workers import pipeline
-from workers.management.commands.replay import invalid_text, moment_option
+from workers.management.commands.replay import invalid_text, moment_option, table
 
 PAYLOAD_PREVIEW = 60
 
@@ -69,19 +69,20 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write(f"no archived messages of {queue} in that range")
             return
-        line = "{:>12}  {:<5}  {:<25}  {:>8}  {:<16}  {}"
-        self.stdout.write(line.format("ID", "STATE", "PUBLISHED", "BYTES", "REASON", "PAYLOAD"))
-        for row in rows:
-            self.stdout.write(
-                line.format(
-                    row.id,
-                    row.state,
-                    timezone.localtime(row.created_at).isoformat(timespec="seconds"),
-                    len(row.payload),
-                    (row.dead_letter or {}).get("reason") or "-",
-                    _preview(row),
-                )
-            )
+        cells = [
+            [
+                str(row.id),
+                row.state,
+                timezone.localtime(row.created_at).isoformat(timespec="seconds"),
+                str(len(row.payload)),
+                (row.dead_letter or {}).get("reason") or "-",
+                _preview(row),
+            ]
+            for row in rows
+        ]
+        header = ["ID", "STATE", "PUBLISHED", "BYTES", "REASON", "PAYLOAD"]
+        for line in table(header, cells, right={0, 3}):
+            self.stdout.write(line)
         if len(rows) == limit:
             self.stdout.write(f"more: --before {rows[-1].id}")
 

@@ -63,13 +63,29 @@ def moment_option(text: str | None, name: str, problems: dict[str, list[str]]) -
     return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
 
 
-def invalid_text(detail: str, field_errors: Mapping[str, list[str]]) -> str:
-    """An error and each of its field errors on a line of its own, named by option."""
-    fields = [name for name in OPTIONS if name in field_errors]
-    fields += sorted(set(field_errors) - set(OPTIONS))
+def table(header: list[str], rows: list[list[str]], *, right: set[int]) -> list[str]:
+    """Columns as wide as their widest cell, those in ``right`` aligned right."""
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    return [
+        "  ".join(
+            cell.rjust(width) if column in right else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def invalid_text(
+    detail: str, field_errors: Mapping[str, list[str]], labels: Mapping[str, str] | None = None
+) -> str:
+    """An error and each of its field errors on a line of its own, named by
+    option (or by ``labels``)."""
+    names = {**OPTIONS, **(labels or {})}
+    fields = [name for name in names if name in field_errors]
+    fields += sorted(set(field_errors) - set(names))
     lines = [detail]
     for name in fields:
-        lines += [f"  {OPTIONS.get(name, name)}: {message}" for message in field_errors[name]]
+        lines += [f"  {names.get(name, name)}: {message}" for message in field_errors[name]]
     return "\n".join(lines)
 
 
@@ -185,14 +201,16 @@ class Command(BaseCommand):
             velocity=self._velocity(velocity, problems),
             dry_run=dry_run,
         )
+        # Checked here as well as in submit, so that the options this command
+        # could not read and the service's objections are listed together.
+        try:
+            replay_validate(spec)
+        except InvalidInput as error:
+            for name, messages in error.field_errors.items():
+                problems.setdefault(name, []).extend(messages)
         if problems:
-            # Report what the service finds wrong with the rest too.
-            try:
-                replay_validate(spec)
-            except InvalidInput as error:
-                for name, messages in error.field_errors.items():
-                    problems.setdefault(name, []).extend(messages)
-            raise CommandError(invalid_text("The replay job is not valid.", problems))
+            labels = {"rules_text": f"--rules {rules}"} if rules else None
+            raise CommandError(invalid_text("The replay job is not valid.", problems, labels))
         job = replay_job_submit(spec=spec, actor=actor)
         self.stdout.write(f"replay job {job.id} queued" + (" (dry run)" if job.dry_run else ""))
         if wait:
@@ -225,23 +243,22 @@ class Command(BaseCommand):
         if not jobs:
             self.stdout.write("no replay jobs")
             return
-        row = "{:>6}  {:<9}  {:>4}  {:<34}  {:<24}  {:>9}  {:<16}  {}"
-        self.stdout.write(
-            row.format("ID", "STATUS", "%", "SOURCE", "TARGET", "WRITTEN", "SUBMITTED", "BY")
-        )
-        for job in jobs:
-            self.stdout.write(
-                row.format(
-                    job.id,
-                    job.status,
-                    job.percent,
-                    _source(job),
-                    _target(job),
-                    "dry run" if job.dry_run else job.written,
-                    timezone.localtime(job.created_at).strftime("%Y-%m-%d %H:%M"),
-                    _by(job),
-                )
-            )
+        rows = [
+            [
+                str(job.id),
+                job.status,
+                str(job.percent),
+                _source(job),
+                _target(job),
+                "dry run" if job.dry_run else str(job.written),
+                timezone.localtime(job.created_at).strftime("%Y-%m-%d %H:%M"),
+                _by(job),
+            ]
+            for job in jobs
+        ]
+        header = ["ID", "STATUS", "%", "SOURCE", "TARGET", "WRITTEN", "SUBMITTED", "BY"]
+        for line in table(header, rows, right={0, 2, 5}):
+            self.stdout.write(line)
 
     # --- helpers ---------------------------------------------------------------------
 
