@@ -4,13 +4,16 @@ fields they name (``console.views.common.service_errors``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
+from django.http import QueryDict
 
-from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue
-from broker.selectors import dead_letter_queue_list, topic_list
+from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue, ReplaySource
+from broker.selectors import dead_letter_queue_list, queue_names, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS
+from broker.services.replay import MAX_TEXT_FILTER, ReplayFilter, ReplaySpec
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
@@ -168,3 +171,126 @@ class RulesForm(forms.Form):
         max_length=200_000,
         label="Rules table (runmqdlq syntax)",
     )
+
+
+DATETIME_LOCAL = "%Y-%m-%dT%H:%M:%S"
+
+
+def _datetime_local(help_text: str) -> forms.DateTimeField:
+    """A time picked in the browser (its datetime-local input, to the second;
+    the console's time zone) or typed in ISO 8601."""
+    widget = forms.DateTimeInput(
+        attrs={"type": "datetime-local", "step": "1"}, format=DATETIME_LOCAL
+    )
+    return forms.DateTimeField(required=False, widget=widget, help_text=help_text)
+
+
+class ReplayForm(forms.Form):
+    """A replay job as an operator writes it. The shape is checked here; the
+    replay service checks the rest (queues, time range, rules table, velocity)
+    and the view puts its errors beside these fields, which carry the names
+    of ``InvalidInput.field_errors``."""
+
+    source = forms.ChoiceField(choices=ReplaySource.choices, initial=ReplaySource.DEAD_LETTER)
+    source_queue = forms.ModelChoiceField(
+        queryset=dead_letter_queue_list(),
+        to_field_name="name",
+        required=False,
+        empty_label="—",
+        help_text="The dead-letter queue to read, for a dead-letter source.",
+    )
+    queues = forms.CharField(
+        max_length=2000,
+        required=False,
+        help_text="Comma or space separated; for a dead-letter source, the queues the "
+        "messages were dead-lettered from. Blank: all.",
+    )
+    reason = forms.CharField(
+        max_length=MAX_TEXT_FILTER,
+        required=False,
+        help_text="dead-letter reason, e.g. handler_error",
+    )
+    since = _datetime_local("published at or after")
+    until = _datetime_local("published before")
+    header = forms.CharField(max_length=MAX_TEXT_FILTER, required=False, help_text="name=value")
+    payload_text = forms.CharField(
+        max_length=MAX_TEXT_FILTER, required=False, strip=False, help_text="payload contains"
+    )
+    target_queue = forms.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        required=False,
+        help_text="Blank: each message goes back to its original queue.",
+    )
+    rules_text = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "class": "code"}),
+        strip=False,
+        max_length=200_000,
+        required=False,
+        label="Rules table (runmqdlq syntax)",
+        help_text="Routes each message (first match wins); blank: every matching message is "
+        "written to the target.",
+    )
+    velocity = forms.IntegerField(
+        required=False, help_text="Messages written per second; blank for no limit."
+    )
+    dry_run = forms.BooleanField(
+        required=False, help_text="Count and sample what would be written; write nothing."
+    )
+
+    @classmethod
+    def prefilled(cls, query: QueryDict) -> ReplayForm:
+        """An unbound form showing the query string's values (an archive
+        search's "Replay these"); a value that does not parse is left out."""
+        form = cls()
+        for name, field in form.fields.items():
+            if query.get(name):
+                try:
+                    form.initial[name] = field.clean(query[name])
+                except forms.ValidationError:
+                    continue
+        return form
+
+    def clean_queues(self) -> tuple[str, ...]:
+        names = re.split(r"[\s,]+", self.cleaned_data["queues"])
+        return tuple(dict.fromkeys(name for name in names if name))
+
+    def spec(self) -> ReplaySpec:
+        """The job the valid form describes."""
+        data = self.cleaned_data
+        source_queue: Queue | None = data["source_queue"]
+        return ReplaySpec(
+            source=data["source"],
+            source_queue=source_queue.name if source_queue else "",
+            filter=ReplayFilter(
+                queues=data["queues"],
+                reason=data["reason"],
+                since=data["since"],
+                until=data["until"],
+                header=data["header"],
+                payload_text=data["payload_text"],
+            ),
+            target_queue=data["target_queue"],
+            rules_text=data["rules_text"],
+            velocity=data["velocity"],
+            dry_run=data["dry_run"],
+        )
+
+
+class ArchiveSearchForm(forms.Form):
+    queue = forms.ChoiceField(required=False)
+    since = _datetime_local("published at or after")
+    until = _datetime_local("published before")
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        queue = self.fields["queue"]
+        assert isinstance(queue, forms.ChoiceField)
+        queue.choices = [("", "choose a queue"), *((name, name) for name in queue_names())]
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean()
+        since, until = self.cleaned_data.get("since"), self.cleaned_data.get("until")
+        if since and until and until <= since:
+            self.add_error("until", "The time range ends before it starts.")
+        return data

@@ -3,7 +3,17 @@ from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console.views import audit, blacklist, dashboard, dead_letters, messages, queues, topics
+from console.views import (
+    archive,
+    audit,
+    blacklist,
+    dashboard,
+    dead_letters,
+    messages,
+    queues,
+    replay,
+    topics,
+)
 
 urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
@@ -37,6 +47,13 @@ urlpatterns = [
     path("blacklist/bulk/", blacklist.blacklist_bulk, name="blacklist-bulk"),
     path("jobs/<int:job_id>/", blacklist.bulk_job_page, name="bulk-job"),
     path("audit/", audit.audit_log, name="audit"),
+    path("replay/", replay.replay_jobs, name="replay-jobs"),
+    path("replay/new/", replay.replay_new, name="replay-new"),
+    path("replay/preview/", replay.replay_preview_view, name="replay-preview"),
+    path("replay/<int:job_id>/", replay.replay_job_page, name="replay-job"),
+    path("replay/<int:job_id>/cancel/", replay.replay_job_cancel_view, name="replay-cancel"),
+    path("replay/<int:job_id>/run/", replay.replay_job_run_view, name="replay-run"),
+    path("archive/", archive.archive, name="archive"),
     path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
     path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),
     path(

@@ -15,6 +15,7 @@ from broker.errors import MessageNotFound
 from broker.models import Message
 from broker.selectors import MessageFilter, message_get, message_timeline, messages_page
 from broker.services.dumps import dump_path_for
+from broker.services.replay import replayed_from, replays_of
 from broker.services.transitions.blacklist import message_fail, message_purge, message_release
 from broker.services.transitions.resubmit import message_resubmit
 from console.forms import MessageFilterForm, ResubmitForm
@@ -74,6 +75,8 @@ def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
             "message": message,
             "payload": payload_view(bytes(message.payload), message.content_type),
             "timeline": message_timeline(message_id=message.id),
+            "replayed_from": replayed_from(message_id=message.id),
+            "replays": replays_of(message_id=message.id),
         },
     )
 
