@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -18,7 +19,7 @@ from rest_framework.test import APIClient
 from broker.models import Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from tests.harness import RedisServer, Workers, point_celery_at
+from tests.harness import RedisServer, Workers, database_url_for_workers, point_celery_at
 
 
 def _user(username: str, group: str | None) -> User:
@@ -113,12 +114,13 @@ def start_workers(
     """Start Celery worker processes on the test database; stopped at the end."""
     started: list[Workers] = []
 
-    def start(concurrency: int = 2, **extra_env: str) -> Workers:
+    def start(concurrency: int = 2, pipeline: bool = False, **extra_env: str) -> Workers:
         workers = Workers(
             directory=tmp_path,
             broker_url=redis_server.url,
             concurrency=concurrency,
             extra_env=extra_env,
+            pipeline=pipeline,
         )
         started.append(workers)
         workers.start()
@@ -127,6 +129,34 @@ def start_workers(
     yield start
     for workers in started:
         workers.stop()
+
+
+@pytest.fixture
+def spark_env(
+    transactional_db: None,
+    redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+) -> dict[str, str]:
+    """The environment the Spark drivers (python -m workers.spark) start
+    in: the test database, a private Redis for their wake-ups, an archive of
+    the test's own, Spark in local mode on two cores. Returned for worker
+    processes that launch drivers themselves."""
+    archive = tmp_path / "archive"
+    values = {
+        "DATABASE_URL": database_url_for_workers(),
+        "CELERY_BROKER_URL": redis_server.url,
+        "ARCHIVE_DIR": str(archive),
+        "DUMP_DIR": str(tmp_path / "dumps"),
+        "SPARK_MASTER": "local[2]",
+        "LAZARETTO_SPARK_PARTITIONS": "2",
+        "LAZARETTO_SPARK_DRIVER_MEMORY": "1g",
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    settings.ARCHIVE_DIR = archive
+    return values
 
 
 # --- the test database's durability profile ----------------------------------

@@ -118,6 +118,8 @@ class Workers:
     broker_url: str
     concurrency: int = 2
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Also a worker on the pipeline queue (the Spark jobs).
+    pipeline: bool = False
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -158,11 +160,14 @@ class Workers:
             "beat",
             [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat-schedule")],
         )
-        for name, sign in (
-            ("deliveries", "ready."),
-            ("control", "ready."),
-            ("beat", "Sending due"),
-        ):
+        signs = [("deliveries", "ready."), ("control", "ready."), ("beat", "Sending due")]
+        if self.pipeline:
+            self._spawn(
+                "pipeline",
+                [*celery, "worker", "-Q", "pipeline", "-c", "1", "-n", "pipeline@%h", *quiet],
+            )
+            signs.append(("pipeline", "ready."))
+        for name, sign in signs:
             wait_until(partial(self._logged, name, sign), timeout=60, what=f"{name} to start")
 
     def _logged(self, name: str, text: str) -> bool:

@@ -69,8 +69,8 @@ def replay_job_launch(job_id: int) -> ReplayJob:
             cancelled = True
             _stop(process)
     job = ReplayJob.objects.get(id=job_id)
-    if job.status == ReplayJobStatus.RUNNING:
-        # The driver did not close its run: it was stopped or it died.
+    if job.status == ReplayJobStatus.RUNNING and job.driver_pid == process.pid:
+        # Our driver did not close its run: it was stopped or it died.
         if cancelled:
             return replay_run_finish(job_id=job_id, status=ReplayJobStatus.CANCELLED)
         error = _exit_text(process.returncode or 0)
