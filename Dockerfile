@@ -7,12 +7,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    DUMP_DIR=/app/var/dumps
+    DUMP_DIR=/app/var/dumps \
+    ARCHIVE_DIR=/app/var/archive
 
 RUN groupadd --system --gid 10001 app \
     && useradd --system --uid 10001 --gid app --home-dir /app --shell /usr/sbin/nologin app
 
 WORKDIR /app
+
+# The Spark jobs: a Java runtime for PySpark and PostgreSQL's JDBC driver
+# (SPARK_JDBC_JAR defaults to this package's jar).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
+    && rm -rf /var/lib/apt/lists/*
 
 COPY requirements.txt /app/requirements.txt
 RUN pip install -r /app/requirements.txt
@@ -28,7 +35,7 @@ RUN SECRET_KEY=build-only-placeholder \
     DATABASE_URL=postgres://build:build@localhost:5432/build \
     CELERY_BROKER_URL=redis://localhost:6379/0 \
     python manage.py collectstatic --noinput \
-    && mkdir -p /app/var/dumps \
+    && mkdir -p /app/var/dumps /app/var/archive \
     && chown -R app:app /app
 
 USER app

@@ -58,6 +58,8 @@ start_bg celery-deliveries "$CELERY" -A workers worker -Q deliveries -l info \
     --logfile "$REPO/var/log/celery-deliveries.log"
 start_bg celery-control "$CELERY" -A workers worker -Q control -c 2 -n control@%h -l info \
     --logfile "$REPO/var/log/celery-control.log"
+start_bg celery-pipeline "$CELERY" -A workers worker -Q pipeline -c 1 -n pipeline@%h -l info \
+    --logfile "$REPO/var/log/celery-pipeline.log"
 start_bg celery-beat "$CELERY" -A workers beat -l info \
     --schedule "$REPO/var/celerybeat-schedule" --logfile "$REPO/var/log/celery-beat.log"
 
