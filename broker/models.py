@@ -641,8 +641,9 @@ class ReplayJob(models.Model):
     written = models.BigIntegerField(default=0)
     skipped = models.BigIntegerField(default=0)
     failed = models.BigIntegerField(default=0)
-    # {queue name: messages}, {rule number or "none": messages}, and for a
-    # dry run a few of the messages it would write.
+    # {queue name: messages}, {rule number: messages} with "0" for no rule
+    # matched (jobs with a rules table only), and for a dry run a few of the
+    # messages it would write.
     per_target = models.JSONField(default=dict, blank=True)
     per_rule = models.JSONField(default=dict, blank=True)
     sample = models.JSONField(default=list, blank=True)

@@ -105,7 +105,7 @@ def test_a_finished_job_shows_its_counts(operator_api, viewer_api):
         written=7,
         skipped=1,
         per_target={"ORDERS.IN": 7},
-        per_rule={"1": 7, "none": 1},
+        per_rule={"1": 7, "0": 1},
         spark_app_id="local-1234",
         runs=1,
         finished_at=timezone.now(),
@@ -116,7 +116,7 @@ def test_a_finished_job_shows_its_counts(operator_api, viewer_api):
     assert (shown["status"], shown["percent"]) == ("done", 100)
     assert (shown["read"], shown["matched"], shown["written"], shown["skipped"]) == (10, 8, 7, 1)
     assert shown["per_target"] == {"ORDERS.IN": 7}
-    assert shown["per_rule"] == {"1": 7, "none": 1}
+    assert shown["per_rule"] == {"1": 7, "0": 1}
     assert shown["spark_app_id"] == "local-1234"
 
 

@@ -284,7 +284,7 @@ def test_the_job_page_shows_counts_per_target_and_per_rule_and_polls_while_runni
         skipped=1,
         failed=1,
         per_target={"PARKED.Q": 2, "ORDERS.IN": 3},
-        per_rule={"2": 2, "none": 1, "10": 1, "1": 3},
+        per_rule={"2": 2, "0": 1, "10": 1, "1": 3},
         spark_app_id="local-1715000000000",
     )
     client = logged_in(operator)

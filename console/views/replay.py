@@ -25,7 +25,7 @@ from console.roles import Role
 from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors
 
 # per_rule's key for the messages no rule of the table matched.
-NO_RULE = {"none", "0"}
+NO_RULE = {"0"}
 # The dry-run sample's columns shown first (stored as JSON, in no order).
 SAMPLE_COLUMNS = ("message", "target", "rule")
 

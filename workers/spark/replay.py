@@ -261,7 +261,8 @@ class Replay:
             if verdict == FILTERED:
                 continue
             tally.matched += count
-            tally.per_rule[str(rule) if self.spec.rules_text.strip() else "none"] += count
+            if self.spec.rules_text.strip():
+                tally.per_rule[str(rule)] += count  # 0: no rule matched
             if verdict == FAIL:
                 tally.failed += count
             elif verdict == SKIP:
