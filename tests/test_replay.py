@@ -9,9 +9,11 @@ import signal
 import threading
 from collections import Counter
 from datetime import UTC, datetime
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
 
 from broker.errors import InvalidInput
@@ -315,3 +317,16 @@ def test_blacklisted_messages_replay_to_their_own_queue_and_their_timeline_says_
         b"x",
     )
     assert replayed_from(message_id=copy.id) == record
+
+
+def test_the_replay_command_runs_a_job_and_prints_its_counts():
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    dead_lettered(orders, 7)
+    out = StringIO()
+    call_command(
+        "replay", "submit", "--source", "dead_letter", "--source-queue", DLQ, "--wait", stdout=out
+    )
+    printed = out.getvalue()
+    assert "status      done, 100%" in printed
+    assert "written 7, skipped 0, failed 0" in printed
+    assert on("ORDERS.IN") == 7

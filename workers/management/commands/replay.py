@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -268,6 +269,9 @@ class Command(BaseCommand):
         self.stdout.write(f"replay job {job_id} running here (Ctrl-C cancels it)")
         try:
             job = pipeline.replay_job_launch(job_id)
+            while not job.finished:  # a pipeline worker took it first: follow it
+                time.sleep(1.0)
+                job.refresh_from_db()
         except KeyboardInterrupt:
             with contextlib.suppress(BrokerError):  # it ended meanwhile
                 replay_job_cancel(job_id=job_id, actor=actor)
