@@ -224,6 +224,9 @@ LAZARETTO_REPLAY_SLICE_ROWS = env_int("LAZARETTO_REPLAY_SLICE_ROWS", 250_000)
 # JDBC partitions (parallel connections) a Spark job reads one range with.
 LAZARETTO_SPARK_PARTITIONS = env_int("LAZARETTO_SPARK_PARTITIONS", 4)
 LAZARETTO_SPARK_DRIVER_MEMORY = env_str("LAZARETTO_SPARK_DRIVER_MEMORY", "2g")
+# Extra JVM options for the Spark driver (in local mode, the executors too);
+# the test suite uses -XX:TieredStopAtLevel=1, which halves a small job's start-up.
+LAZARETTO_SPARK_JAVA_OPTIONS = env_str("LAZARETTO_SPARK_JAVA_OPTIONS", "")
 CELERY_BEAT_SCHEDULE = {
     "sweep": {
         "task": "lazaretto.sweep",

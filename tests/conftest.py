@@ -152,6 +152,8 @@ def spark_env(
         "SPARK_MASTER": "local[2]",
         "LAZARETTO_SPARK_PARTITIONS": "2",
         "LAZARETTO_SPARK_DRIVER_MEMORY": "1g",
+        # Small jobs: the quick JIT tier alone starts in half the time.
+        "LAZARETTO_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1",
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)

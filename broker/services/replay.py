@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 from psycopg import sql
 
@@ -462,24 +461,3 @@ def replay_run_finish(
 
 def replay_jobs_recent(*, limit: int = 50) -> list[ReplayJob]:
     return list(ReplayJob.objects.select_related("created_by").order_by("-id")[:limit])
-
-
-def replay_jobs_stale() -> list[ReplayJob]:
-    """Running jobs whose driver went silent."""
-    return list(
-        ReplayJob.objects.filter(status=ReplayJobStatus.RUNNING).filter(
-            Q(heartbeat_at__lt=timezone.now() - STALE_AFTER) | Q(heartbeat_at__isnull=True)
-        )
-    )
-
-
-def spark_settings() -> dict[str, Any]:
-    """What the Spark jobs need from the settings, in one place."""
-    return {
-        "master": settings.SPARK_MASTER,
-        "jdbc_jar": settings.SPARK_JDBC_JAR,
-        "partitions": settings.LAZARETTO_SPARK_PARTITIONS,
-        "slice_rows": settings.LAZARETTO_REPLAY_SLICE_ROWS,
-        "driver_memory": settings.LAZARETTO_SPARK_DRIVER_MEMORY,
-        "queue_manager": settings.LAZARETTO_INSTANCE_NAME,
-    }

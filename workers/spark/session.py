@@ -40,6 +40,7 @@ def spark_session(app_name: str) -> SparkSession:
         .appName(app_name)
         .config("spark.jars", str(jar))
         .config("spark.driver.memory", settings.LAZARETTO_SPARK_DRIVER_MEMORY)
+        .config("spark.driver.extraJavaOptions", settings.LAZARETTO_SPARK_JAVA_OPTIONS)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(settings.LAZARETTO_SPARK_PARTITIONS))
