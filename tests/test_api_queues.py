@@ -236,3 +236,18 @@ def test_the_unknown_handler_error_lists_the_known_ones(admin_api):
     response = admin_api.post(QUEUES, {"name": "NEW.Q", "consumer": "nope"}, format="json")
 
     assert "known handlers: demo, json, log, noop" in response.json()["field_errors"]["consumer"][0]
+
+
+@pytest.mark.parametrize(("value", "status"), [(30, 200), (None, 200), (0, 400), (-1, 400)])
+def test_a_queue_keeps_its_own_archive_retention(admin_api, orders, value, status):
+    answer = admin_api.patch(
+        f"/api/v1/queues/{orders.name}/", {"archive_retention_days": value}, format="json"
+    )
+    assert answer.status_code == status, answer.json()
+    orders.refresh_from_db()
+    if status == 200:
+        assert answer.json()["archive_retention_days"] == value
+        assert orders.archive_retention_days == value
+    else:
+        assert "archive_retention_days" in answer.json()["field_errors"]
+        assert orders.archive_retention_days is None

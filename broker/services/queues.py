@@ -34,6 +34,7 @@ QUEUE_SETTINGS = (
     "discard_to_dead_letter",
     "max_payload_bytes",
     "dead_letter_queue",
+    "archive_retention_days",
     "paused",
 )
 EDITABLE_FIELDS = frozenset(QUEUE_SETTINGS)
