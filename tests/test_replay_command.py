@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from broker.models import AuditEvent, Message, ReplayJob, ReplayJobStatus
+from broker.models import AuditEvent, Message, Queue, QueueKind, ReplayJob, ReplayJobStatus
 from broker.services.archive import SCHEMA
 from broker.services.replay import replay_run_finish, replay_run_progress, replay_run_start
 from tests.walk import dead_lettered
@@ -24,6 +24,14 @@ pytestmark = pytest.mark.django_db
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 FROM_DLQ = ("--source", "dead_letter", "--source-queue", DLQ)
+
+
+@pytest.fixture(autouse=True)
+def system_dead_letter_queue(db: None) -> Queue:
+    """The migrations make it, but a transactional test run earlier (they
+    flush the database) may have taken it away."""
+    queue, _ = Queue.objects.get_or_create(name=DLQ, defaults={"kind": QueueKind.DEAD_LETTER})
+    return queue
 
 
 def replay(*args: str) -> str:
