@@ -97,7 +97,11 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     job = replay_job_submit(
         spec=ReplaySpec(
             source="archive",
-            filter=ReplayFilter(queues=("ORDERS.IN",)),
+            filter=ReplayFilter(
+                queues=("ORDERS.IN",),
+                since=timezone.now() - timedelta(days=11),
+                until=timezone.now() - timedelta(days=9),
+            ),
             target_queue="ORDERS.REPLAYED",
         ),
         actor=None,

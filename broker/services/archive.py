@@ -113,7 +113,8 @@ def _dataset() -> ds.Dataset | None:
     )
 
 
-def _day(moment: datetime) -> str:
+def utc_day(moment: datetime) -> str:
+    """The archive's day partition a moment falls in."""
     return moment.astimezone(UTC).date().isoformat()
 
 
@@ -124,10 +125,10 @@ def _expression(
     if queues:
         parts.append(ds.field("queue").isin(list(queues)))
     if since is not None:
-        parts.append(ds.field("day") >= _day(since))
+        parts.append(ds.field("day") >= utc_day(since))
         parts.append(ds.field("created_at") >= pa.scalar(since, pa.timestamp("us", tz="UTC")))
     if until is not None:
-        parts.append(ds.field("day") <= _day(until))
+        parts.append(ds.field("day") <= utc_day(until))
         parts.append(ds.field("created_at") < pa.scalar(until, pa.timestamp("us", tz="UTC")))
     if not parts:
         return None

@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 
 from broker.models import Queue, ReplayJob, ReplayJobStatus, ReplaySource
 from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
-from broker.services.archive import archive_dir
+from broker.services.archive import archive_dir, utc_day
 from broker.services.replay import (
     ReplaySpec,
     replay_run_finish,
@@ -53,6 +53,7 @@ from workers.spark.session import read_range, spark_session, write_table
 logger = logging.getLogger(__name__)
 
 FILTERED = "filtered"
+MAX_ID = 2**63 - 1  # bigint's largest: an archive replay is one range
 SAMPLE_ROWS = 10
 ROUTED = StructType(
     [
@@ -140,7 +141,7 @@ class Replay:
             total = frame.count()
             self._report(total=total)
             if total:
-                self._slice(frame, 0, 2**62)
+                self._slice(frame, 0, MAX_ID)
             return
         source = source_range(self.spec)
         self._report(total=source.rows)
@@ -164,10 +165,10 @@ class Replay:
         if window.queues:
             frame = frame.where(F.col("queue").isin(list(window.queues)))
         if window.since:
-            frame = frame.where(F.col("day") >= window.since.date().isoformat())
+            frame = frame.where(F.col("day") >= utc_day(window.since))
             frame = frame.where(F.col("created_at") >= F.lit(window.since))
         if window.until:
-            frame = frame.where(F.col("day") <= window.until.date().isoformat())
+            frame = frame.where(F.col("day") <= utc_day(window.until))
             frame = frame.where(F.col("created_at") < F.lit(window.until))
         return frame.withColumn("original_queue", F.col("queue")).withColumn(
             "queue_name", F.col("queue")
