@@ -411,6 +411,13 @@ def replay_stage_clear(*, job_id: int, upto: int | None = None) -> None:
             )
 
 
+def replay_stage_analyze() -> None:
+    """Refresh the staging table's statistics after a load, so the insert
+    that follows is planned for the rows it holds now."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_replaystage")
+
+
 def replay_write_staged(*, job: ReplayJob, after: int, upto: int) -> dict[str, int]:
     """Write the staged messages of (after, upto] in one transaction and wake
     their queues; returns messages written per queue name."""

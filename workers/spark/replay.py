@@ -43,6 +43,7 @@ from broker.services.replay import (
     replay_run_finish,
     replay_run_progress,
     replay_run_start,
+    replay_stage_analyze,
     replay_stage_clear,
     replay_write_staged,
     source_query,
@@ -302,6 +303,7 @@ class Replay:
                 for name in ARCHIVE_COLUMNS
             ]
         write_table(routed.where(F.col("verdict") == WRITE).select(*columns), "broker_replaystage")
+        replay_stage_analyze()
 
     # --- writing -----------------------------------------------------------------
 

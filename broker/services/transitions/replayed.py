@@ -51,8 +51,11 @@ SELECT queue_id, count(*) FROM written GROUP BY queue_id
 _FROM_HOT_SQL = _REPLAY_SQL.format(
     columns=", ".join(f"m.{column}" for column in _COPY.split(", ")),
     dead_letter="m.dead_letter",
+    # The range again on the message's own key, so its rows come by the
+    # primary key's range rather than from a scan of the table.
     source_join=(
         "JOIN broker_message AS m ON m.id = s.source_id "
+        "AND m.id > %(after)s AND m.id <= %(upto)s "
         f"JOIN broker_queue AS q ON q.id = m.queue_id AND {guard(T.REPLAY)}"
     ),
 )
