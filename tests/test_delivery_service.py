@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
+from django.db import connection
 from django.utils import timezone
 
 from broker.errors import IllegalTransition
@@ -22,7 +24,7 @@ from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep, overdue_seconds
 from broker.services.transitions.blacklist import message_purge, message_release
 from broker.services.transitions.in_flight import messages_ack
-from tests.harness import database_url_for_workers
+from tests.harness import database_url_for_workers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
@@ -121,6 +123,19 @@ def test_the_sweeper_requeues_the_batch_of_a_dead_worker_as_suspects(db):
         assert message.last_error == "the delivering worker died"
 
 
+def advisory_lock_free(key: int) -> Callable[[], bool]:
+    def free() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+                " AND objid = %s AND granted)",
+                [key],
+            )
+            return bool(cursor.fetchone()[0])
+
+    return free
+
+
 def test_the_sweeper_leaves_a_live_delivery_alone(db):
     queue = queue_create(name="Q", consumer="noop")
     publish(queue, 3)
@@ -132,7 +147,9 @@ def test_the_sweeper_leaves_a_live_delivery_alone(db):
         assert not messages_sweep().found
 
         assert Message.objects.filter(id__in=ids, state=S.DELIVERING).count() == 3
-    # The worker's session is gone: now it is a crash.
+    # The worker's session is gone (its backend exits a moment after the
+    # connection closes): now it is a crash.
+    wait_until(advisory_lock_free(4242), timeout=10, what="the worker's session to end")
     assert sorted(messages_sweep().requeued) == sorted(ids)
 
 
