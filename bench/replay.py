@@ -1,0 +1,729 @@
+"""Replay throughput: dead-lettered messages written back to their original
+queue by the Spark replay job, against one INSERT ... SELECT (the machine's
+limit for the same move) and a row-by-row ORM loop (a naive script).
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python -m bench.replay [--messages N] [--size BYTES]
+        [--partitions P] [--slice-rows R] [--orm-sample S]
+
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+and its own redis-server (the wake-ups the replay sends go there), and removes
+both at the end. It dead-letters N messages of SIZE bytes onto
+SYSTEM.DEAD.LETTER.QUEUE (setup, not timed), then moves them back to their
+original queue three ways, on the same source: ``insert_select``, ``spark``
+(a ReplayJob run by ``workers.pipeline.replay_job_launch``, which spawns the
+Spark driver) and ``orm`` (on a sample of S messages). Between ways the
+copies and the job ledger are deleted and the tables vacuumed. The last line
+printed is one JSON object with the figures; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.publish import (
+    BenchError,
+    batch_sizes,
+    checkpoint,
+    copy_batch,
+    log,
+    make_messages,
+    make_payload,
+    make_queue,
+    positive_int,
+    print_figures,
+    run_bench,
+    setup_django,
+)
+
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+ORIGIN = "BENCH.REPLAY.ORIGIN"
+SETUP_BATCH = 10_000
+ORM_SAMPLE = 20_000
+TARGETS = {
+    "spark_phase_vs_insert_select": 0.3,
+    "spark_vs_orm": 20.0,
+    "spark_total_seconds": 30.0,
+}
+# The spark_total_seconds target is stated for this many messages.
+TOTAL_TARGET_MESSAGES = 1_000_000
+# Amazon SQS's dead-letter queue redrive moves at most this many messages a second.
+SQS_REDRIVE_MSGS_PER_S = 500
+# The Spark driver runs as in production: DEBUG off (no query log), so it needs a key.
+DRIVER_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+# pgjdbc's default application_name: how the Spark executors' connections show.
+JDBC_APPLICATION = "PostgreSQL JDBC Driver"
+# The watcher polls fast until the Spark session is up, then samples what
+# the database is doing this often.
+READY_POLL_SECONDS = 0.01
+SAMPLE_SECONDS = 0.1
+PROGRESS_LOG_SECONDS = 5.0
+# A statement of the driver active this long is logged as it happens.
+SLOW_STATEMENT_SECONDS = 60.0
+# The Spark way is cancelled (and the bench fails) past this many seconds.
+SPARK_TIMEOUT_SECONDS = 1800
+
+DEAD_LETTER_SQL = """
+UPDATE broker_message AS m
+SET queue_id = %(dlq)s, attempts = 1, available_at = now(), enqueued_at = now(),
+    updated_at = now(),
+    dead_letter = jsonb_build_object(
+        'reason', 'handler_error', 'original_queue', %(origin)s::text,
+        'time', to_jsonb(now()) #>> '{}', 'put_application', m.put_application,
+        'put_user', m.put_user, 'format', m.content_type,
+        'error', 'bench: the handler raised')
+WHERE m.queue_id = %(origin_id)s
+"""
+# The machine's limit: the same copies (to the original queue, TBDL, header
+# kept, fresh counters) in one statement, without the job's ledger.
+INSERT_SELECT_SQL = """
+INSERT INTO broker_message (queue_id, payload, content_type, headers, priority, dead_letter,
+                            put_application, put_user, state, available_at, enqueued_at,
+                            created_at, updated_at)
+SELECT t.id, m.payload, m.content_type, m.headers, m.priority, m.dead_letter,
+       m.put_application, m.put_user, 'TBDL', now(), now(), now(), now()
+FROM broker_message AS m JOIN broker_queue AS t ON t.name = m.dead_letter->>'original_queue'
+WHERE m.queue_id = %(dlq)s AND m.state = 'TBDL'
+"""
+COUNTS_SQL = """
+SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %(queue)s),
+       (SELECT count FROM broker_queuedepth WHERE queue_id = %(queue)s AND state = 'TBDL'),
+       (SELECT count(*) FROM broker_message WHERE queue_id = %(dlq)s AND state = 'TBDL')
+"""
+RESET_SQL = (
+    "DELETE FROM broker_message WHERE queue_id = %(queue)s",
+    "DELETE FROM broker_replayedmessage",
+    "DELETE FROM broker_replayjob",
+    "TRUNCATE broker_replaystage",
+)
+VACUUM_SQL = (
+    "VACUUM ANALYZE broker_message, broker_replayedmessage, broker_replayjob,"
+    " broker_replaystage, broker_queuedepth"
+)
+# What the other backends of the bench database are busy with.
+ACTIVITY_SQL = """
+SELECT application_name, left(query, 60), extract(epoch FROM now() - query_start)::float8
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
+"""
+FIRST_JDBC_SQL = """
+SELECT min(backend_start) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = %s
+"""
+CANCEL_SQL = "UPDATE broker_replayjob SET cancel_requested = true WHERE id = %s"
+JOB_SQL = """
+SELECT spark_app_id, heartbeat_at, started_at, finished_at, total, read, written, status
+FROM broker_replayjob WHERE id = %s
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    messages: int
+    size: int
+    partitions: int | None
+    slice_rows: int | None
+    orm_sample: int
+    spark_timeout: int = SPARK_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class Setup:
+    bench_url: str
+    dlq_id: int
+    origin_id: int
+    messages: int
+
+
+@dataclass(frozen=True)
+class Result:
+    way: str
+    seconds: float
+    messages: int
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+@dataclass(frozen=True)
+class SparkTimes:
+    """The Spark way's clock, in seconds from the launch. ``ready`` is when
+    the driver stored its Spark application id (the job row's heartbeat of
+    that update): Python, Django and the Spark session (JVM, SparkContext) are
+    up. ``finished`` is the job's finished_at; after it the driver stops its
+    JVM and exits, and the launcher notices within its 0.5 s poll."""
+
+    total: float
+    ready: float
+    ready_exact: bool
+    driver_started: float
+    first_jdbc: float | None
+    finished: float
+    db_seconds: dict[str, float]
+    # The longest any one statement of each kind was seen active.
+    longest_seconds: dict[str, float]
+
+    @property
+    def phase(self) -> float:
+        return self.total - self.ready
+
+
+# --- arguments --------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=positive_int, default=1_000_000, help="dead letters")
+    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    parser.add_argument(
+        "--partitions", type=positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
+    )
+    parser.add_argument(
+        "--slice-rows", type=positive_int, help="LAZARETTO_REPLAY_SLICE_ROWS for the driver"
+    )
+    parser.add_argument(
+        "--spark-timeout",
+        type=positive_int,
+        default=SPARK_TIMEOUT_SECONDS,
+        help=f"cancel the replay job and fail past this many seconds (default {SPARK_TIMEOUT_SECONDS})",
+    )
+    parser.add_argument(
+        "--orm-sample",
+        type=positive_int,
+        default=ORM_SAMPLE,
+        help=f"messages the ORM loop moves (default {ORM_SAMPLE}, at most N)",
+    )
+    args = parser.parse_args(argv)
+    return Options(
+        messages=args.messages,
+        size=args.size,
+        partitions=args.partitions,
+        slice_rows=args.slice_rows,
+        orm_sample=min(args.orm_sample, args.messages),
+        spark_timeout=args.spark_timeout,
+    )
+
+
+# --- the Spark driver's environment --------------------------------------------------
+
+
+def spark_environment(bench_url: str, archive_dir: Path, **overrides: int | None) -> None:
+    """What the Spark driver (a child process) reads from the environment;
+    set before Django starts, so this process's settings say the same.
+    ``overrides`` are settings (LAZARETTO_SPARK_PARTITIONS=4) a run asked
+    for; None leaves the environment's value or the default."""
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ["ARCHIVE_DIR"] = str(archive_dir)
+    os.environ["SPARK_MASTER"] = os.environ.get("SPARK_MASTER") or "local[*]"
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[name] = str(value)
+
+
+def driver_environment(redis_url: str) -> None:
+    """After Django has started here: what only the driver process sees."""
+    os.environ["CELERY_BROKER_URL"] = redis_url
+    os.environ.update(DRIVER_ENV)
+
+
+def spark_config() -> dict[str, Any]:
+    """The settings the driver runs with (it inherits this environment)."""
+    from django.conf import settings
+
+    from workers.spark import session
+
+    return {
+        "master": settings.SPARK_MASTER,
+        "partitions": settings.LAZARETTO_SPARK_PARTITIONS,
+        "slice_rows": settings.LAZARETTO_REPLAY_SLICE_ROWS,
+        "archive_chunk_rows": settings.LAZARETTO_ARCHIVE_CHUNK_ROWS,
+        "fetch_rows": session.FETCH_ROWS,
+        "write_batch_rows": session.WRITE_BATCH_ROWS,
+        "driver_memory": settings.LAZARETTO_SPARK_DRIVER_MEMORY,
+    }
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Whatever a child writes to stdout goes to stderr: the bench's stdout
+    stays the table and the JSON line."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def vacuum(bench_url: str) -> None:
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        conn.execute(VACUUM_SQL)
+
+
+# --- watching the database while a driver runs ----------------------------------------
+
+
+class Sampler(threading.Thread):
+    """Polls the bench database from a connection of its own while a Spark
+    driver runs: the first JDBC connection (its backend_start), and every
+    SAMPLE_SECONDS which kinds of statement are active (``classify`` names
+    them), counted once per sample whatever the number of backends. The sum
+    per kind is a sampled estimate of the wall time spent in it; the longest
+    time one statement of a kind was seen active is kept too."""
+
+    def __init__(self, bench_url: str, classify: Callable[[str, str], str | None]) -> None:
+        super().__init__(daemon=True)
+        self.bench_url = bench_url
+        self.classify = classify
+        self.stopping = threading.Event()
+        self.samples: Counter[str] = Counter()
+        self.longest: dict[str, float] = {}
+        self.slow_logged: set[str] = set()
+        self.first_jdbc: datetime | None = None
+        self.error: BaseException | None = None
+        self.interval = READY_POLL_SECONDS
+
+    def poll(self, conn: psycopg.Connection[Any]) -> None:
+        """Subclasses look at more here."""
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.bench_url, autocommit=True) as conn:
+                last = time.perf_counter()
+                while not self.stopping.wait(self.interval):
+                    self.poll(conn)
+                    if self.first_jdbc is None:
+                        row = conn.execute(FIRST_JDBC_SQL, [JDBC_APPLICATION]).fetchone()
+                        self.first_jdbc = row[0] if row else None
+                        if self.first_jdbc is not None:
+                            self.interval = SAMPLE_SECONDS / 2
+                    now = time.perf_counter()
+                    if now - last >= SAMPLE_SECONDS:
+                        last = now
+                        kinds = set()
+                        for application, query, active in conn.execute(ACTIVITY_SQL).fetchall():
+                            kind = self.classify(application, query)
+                            kinds.add(kind)
+                            if kind is not None and active is not None:
+                                self.active_for(kind, active)
+                        for kind in kinds - {None}:
+                            assert kind is not None
+                            self.samples[kind] += 1
+                        if not kinds - {None}:
+                            self.samples["none"] += 1
+        except BaseException as error:  # reported by stop()
+            self.error = error
+
+    def active_for(self, kind: str, seconds: float) -> None:
+        self.longest[kind] = max(seconds, self.longest.get(kind, 0.0))
+        if seconds >= SLOW_STATEMENT_SECONDS and kind not in self.slow_logged:
+            self.slow_logged.add(kind)
+            log(f"watch: one {kind} statement has been active for {seconds:.0f}s")
+
+    def stop(self) -> dict[str, float]:
+        """Stop polling; the sampled seconds per kind of statement."""
+        self.stopping.set()
+        self.join()
+        if self.error is not None:
+            raise BenchError(f"watching the database failed: {self.error}")
+        return {kind: round(n * SAMPLE_SECONDS, 1) for kind, n in sorted(self.samples.items())}
+
+
+def classify_replay(application: str, query: str) -> str | None:
+    text = query.lstrip().upper()
+    if text.startswith("WITH PICKED"):
+        return "replay_insert"
+    if text.startswith("INSERT INTO BROKER_REPLAYSTAGE"):
+        return "stage_load"
+    if application == JDBC_APPLICATION:
+        return "jdbc_read" if text.startswith("SELECT") else "jdbc_other"
+    if text.startswith(("SELECT COUNT(*)", "DELETE FROM BROKER_REPLAYSTAGE")):
+        return "driver_sql"
+    return None
+
+
+class JobWatch(Sampler):
+    """A Sampler that also follows the replay job's row: when the driver
+    stored its Spark application id, and its progress for the log."""
+
+    def __init__(self, bench_url: str, job_id: int, total: int, timeout: float) -> None:
+        super().__init__(bench_url, classify_replay)
+        self.job_id = job_id
+        self.total = total
+        self.deadline = time.perf_counter() + timeout
+        self.timed_out = False
+        self.ready: datetime | None = None
+        self.ready_exact = False
+        self.driver_started: datetime | None = None
+        self.logged = time.perf_counter()
+
+    def poll(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute(JOB_SQL, [self.job_id]).fetchone()
+        if row is None:
+            return
+        app_id, heartbeat, started, _, total, read, written, status = row
+        if self.ready is None and app_id:
+            # Until the driver's next progress report (after it counted the
+            # source), heartbeat_at is the time it stored the application id.
+            self.ready_exact = total == 0 and read == 0
+            self.ready = heartbeat if self.ready_exact else datetime.now(heartbeat.tzinfo)
+            self.driver_started = started
+            log(f"spark: session up ({app_id})")
+        if time.perf_counter() - self.logged >= PROGRESS_LOG_SECONDS:
+            self.logged = time.perf_counter()
+            log(f"spark: {status}, read {read}, written {written} of {self.total}")
+        if not self.timed_out and time.perf_counter() > self.deadline:
+            # The launcher sees the request and stops the driver.
+            self.timed_out = True
+            log("spark: past --spark-timeout; asking the job to cancel")
+            conn.execute(CANCEL_SQL, [self.job_id])
+
+
+# --- setup -------------------------------------------------------------------------
+
+
+def dead_letter(bench_url: str, options: Options) -> Setup:
+    """N messages waiting on the system dead-letter queue, dead-lettered from
+    ORIGIN with reason handler_error: published with the COPY writer, then
+    moved by one UPDATE."""
+    from broker.models import Queue
+
+    origin = make_queue(ORIGIN, options.size)  # consumer blank: nothing delivers
+    dlq_id = Queue.objects.get(name=DLQ).id
+    messages = make_messages(make_payload(options.size), SETUP_BATCH)
+    started = time.perf_counter()
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        for count in batch_sizes(options.messages, SETUP_BATCH):
+            copy_batch(conn, origin.id, messages[:count])
+        with conn.transaction():
+            moved = conn.execute(
+                DEAD_LETTER_SQL, {"dlq": dlq_id, "origin": ORIGIN, "origin_id": origin.id}
+            ).rowcount
+    if moved != options.messages:
+        raise BenchError(f"setup: dead-lettered {moved} of {options.messages} messages")
+    log(f"setup: {moved} messages on {DLQ} in {time.perf_counter() - started:.1f}s")
+    return Setup(bench_url, dlq_id=dlq_id, origin_id=origin.id, messages=options.messages)
+
+
+def reset(setup: Setup) -> None:
+    """Delete what a way wrote (copies, replay jobs and their ledger), then
+    VACUUM ANALYZE and CHECKPOINT, so every way starts from the same tables."""
+    with psycopg.connect(setup.bench_url, autocommit=True) as conn, conn.transaction():
+        for statement in RESET_SQL:
+            conn.execute(statement, {"queue": setup.origin_id})
+    vacuum(setup.bench_url)
+    checkpoint()
+
+
+def verify(setup: Setup, expected: int, way: str) -> None:
+    """The original queue holds ``expected`` copies (table and depth counter)
+    and the dead-letter queue still holds every source."""
+    with psycopg.connect(setup.bench_url, autocommit=True) as conn:
+        row = conn.execute(COUNTS_SQL, {"queue": setup.origin_id, "dlq": setup.dlq_id}).fetchone()
+    rows, depth, sources = row if row else (None, None, None)
+    if rows != expected or depth != expected or sources != setup.messages:
+        raise BenchError(
+            f"{way}: expected {expected} copies, table has {rows}, depth {depth}; "
+            f"{sources} of {setup.messages} sources left on {DLQ}"
+        )
+    log(f"{way}: verified {rows} copies on {ORIGIN}, depth counter {depth}")
+
+
+# --- way a: one INSERT ... SELECT ------------------------------------------------------
+
+
+def run_insert_select(setup: Setup) -> Result:
+    with psycopg.connect(setup.bench_url, autocommit=True) as conn:
+        started = time.perf_counter()
+        with conn.transaction():
+            written = conn.execute(INSERT_SELECT_SQL, {"dlq": setup.dlq_id}).rowcount
+        seconds = time.perf_counter() - started
+    if written != setup.messages:
+        raise BenchError(f"insert_select: wrote {written} of {setup.messages}")
+    verify(setup, setup.messages, "insert_select")
+    return Result("insert_select", seconds, written)
+
+
+# --- way b: the Spark replay job --------------------------------------------------------
+
+
+def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
+    from broker.models import ReplayJobStatus, ReplaySource
+    from broker.services.replay import ReplaySpec, replay_job_submit
+    from workers.pipeline import replay_job_launch
+
+    job = replay_job_submit(
+        spec=ReplaySpec(source=ReplaySource.DEAD_LETTER, source_queue=DLQ), actor=None
+    )
+    watch = JobWatch(setup.bench_url, job.id, setup.messages, timeout)
+    watch.start()
+    launched = time.time()
+    started = time.perf_counter()
+    try:
+        with stdout_to_stderr():
+            ended = replay_job_launch(job.id)
+    finally:
+        seconds = time.perf_counter() - started
+        db_seconds = watch.stop()
+    if watch.timed_out:
+        raise BenchError(
+            f"spark: the replay job ran past {timeout:.0f}s and was cancelled ({ended.status}); "
+            f"written {ended.written} of {setup.messages}; longest statements (s): "
+            f"{watch.longest}"
+        )
+    if ended.status != ReplayJobStatus.DONE:
+        raise BenchError(f"spark: replay job ended {ended.status}: {ended.error}")
+    if ended.written != setup.messages:
+        raise BenchError(
+            f"spark: the job wrote {ended.written} of {setup.messages} "
+            f"(read {ended.read}, failed {ended.failed}, skipped {ended.skipped})"
+        )
+    if watch.ready is None or watch.driver_started is None or ended.finished_at is None:
+        raise BenchError("spark: the job never stored its Spark application id")
+    verify(setup, setup.messages, "spark")
+
+    def since_launch(moment: datetime) -> float:
+        return moment.timestamp() - launched
+
+    times = SparkTimes(
+        total=seconds,
+        ready=since_launch(watch.ready),
+        ready_exact=watch.ready_exact,
+        driver_started=since_launch(watch.driver_started),
+        first_jdbc=since_launch(watch.first_jdbc) if watch.first_jdbc else None,
+        finished=since_launch(ended.finished_at),
+        db_seconds=db_seconds,
+        longest_seconds={kind: round(value, 1) for kind, value in sorted(watch.longest.items())},
+    )
+    log(
+        f"spark: {ended.written} written in {seconds:.2f}s; driver took the job at "
+        f"{times.driver_started:.2f}s, session up at {times.ready:.2f}s"
+        f"{'' if times.ready_exact else ' (seen, not stamped)'}, first JDBC connection at "
+        f"{times.first_jdbc if times.first_jdbc is None else round(times.first_jdbc, 2)}s, "
+        f"job finished at {times.finished:.2f}s"
+    )
+    log(f"spark: sampled database time (s): {db_seconds}; longest (s): {times.longest_seconds}")
+    return Result("spark", seconds, ended.written), times
+
+
+# --- way c: a naive ORM loop ------------------------------------------------------------
+
+
+def run_orm(setup: Setup, sample: int) -> Result:
+    """Row by row, as a naive script would: read the dead letters, and for
+    each create its copy on the original queue, each in its own transaction
+    (autocommit). The queue is looked up once per name. DEBUG off, as in
+    production, so Django keeps no query log."""
+    from django.test.utils import override_settings
+
+    from broker.models import Message, Queue
+
+    started = time.perf_counter()
+    with override_settings(DEBUG=False):
+        queues: dict[str, Queue] = {}
+        sources = Message.objects.filter(queue_id=setup.dlq_id, state="TBDL").order_by("id")
+        for source in sources[:sample]:
+            name = source.dead_letter["original_queue"] if source.dead_letter else ""
+            if name not in queues:
+                queues[name] = Queue.objects.get(name=name)
+            Message.objects.create(
+                queue=queues[name],
+                payload=source.payload,
+                content_type=source.content_type,
+                headers=source.headers,
+                priority=source.priority,
+                dead_letter=source.dead_letter,
+                put_application=source.put_application,
+                put_user=source.put_user,
+            )
+    seconds = time.perf_counter() - started
+    verify(setup, sample, "orm")
+    return Result("orm", seconds, sample)
+
+
+# --- driver and report --------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    results: dict[str, Result] = field(default_factory=dict)
+    spark: SparkTimes | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def run_all(options: Options, bench_url: str) -> Figures:
+    from bench.deliver import private_redis
+
+    figures = Figures()
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-archive-") as archive,
+        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
+    ):
+        spark_environment(
+            bench_url,
+            Path(archive),
+            LAZARETTO_SPARK_PARTITIONS=options.partitions,
+            LAZARETTO_REPLAY_SLICE_ROWS=options.slice_rows,
+        )
+        setup_django(bench_url)
+        with private_redis(Path(directory)) as redis_server:
+            driver_environment(redis_server.url)
+            figures.config = spark_config()
+            log(f"spark settings: {figures.config}")
+            log(f"setup: dead-lettering {options.messages} messages of {options.size} bytes")
+            setup = dead_letter(bench_url, options)
+            reset(setup)
+            log(f"insert_select: {options.messages} messages in one statement")
+            figures.results["insert_select"] = run_insert_select(setup)
+            reset(setup)
+            log(f"spark: replay job for {options.messages} messages")
+            result, figures.spark = run_spark(setup, options.spark_timeout)
+            figures.results["spark"] = result
+            reset(setup)
+            log(f"orm: {options.orm_sample} messages, one transaction each")
+            figures.results["orm"] = run_orm(setup, options.orm_sample)
+    return figures
+
+
+def ratios(figures: Figures) -> dict[str, float]:
+    assert figures.spark is not None
+    results, spark = figures.results, figures.spark
+    phase_rate = results["spark"].messages / spark.phase
+    return {
+        "spark_phase_vs_insert_select": phase_rate / results["insert_select"].rate,
+        "spark_vs_orm": results["spark"].rate / results["orm"].rate,
+    }
+
+
+def verdicts(options: Options, figures: Figures) -> dict[str, str]:
+    """PASS or MISS per target; the total's only at the size it is set for."""
+    assert figures.spark is not None
+    found = ratios(figures)
+    judged = {
+        name: "PASS" if found[name] >= TARGETS[name] else "MISS"
+        for name in ("spark_phase_vs_insert_select", "spark_vs_orm")
+    }
+    if options.messages == TOTAL_TARGET_MESSAGES:
+        ok = figures.spark.total <= TARGETS["spark_total_seconds"]
+        judged["spark_total_seconds"] = "PASS" if ok else "MISS"
+    else:
+        judged["spark_total_seconds"] = f"n/a (set for {TOTAL_TARGET_MESSAGES:,} messages)"
+    return judged
+
+
+def summary(options: Options, figures: Figures) -> dict[str, Any]:
+    assert figures.spark is not None
+    results, spark = figures.results, figures.spark
+    found = ratios(figures)
+    return {
+        "bench": "replay",
+        "messages": options.messages,
+        "payload_bytes": options.size,
+        "orm_sample": options.orm_sample,
+        "insert_select_seconds": round(results["insert_select"].seconds, 2),
+        "insert_select_msgs_per_s": round(results["insert_select"].rate, 1),
+        "spark_total_seconds": round(spark.total, 2),
+        "spark_msgs_per_s": round(results["spark"].rate, 1),
+        "spark_startup_seconds": round(spark.ready, 2),
+        "spark_phase_seconds": round(spark.phase, 2),
+        "spark_phase_msgs_per_s": round(options.messages / spark.phase, 1),
+        "spark_driver_started_seconds": round(spark.driver_started, 2),
+        "spark_first_jdbc_seconds": None
+        if spark.first_jdbc is None
+        else round(spark.first_jdbc, 2),
+        "spark_finished_seconds": round(spark.finished, 2),
+        "spark_startup_exact": spark.ready_exact,
+        "spark_startup_clock": "launch to the driver storing its Spark application id",
+        "spark_db_sampled_seconds": spark.db_seconds,
+        "spark_db_longest_statement_seconds": spark.longest_seconds,
+        "orm_seconds": round(results["orm"].seconds, 2),
+        "orm_msgs_per_s": round(results["orm"].rate, 1),
+        "orm_is_sample": options.orm_sample < options.messages,
+        "spark_phase_vs_insert_select": round(found["spark_phase_vs_insert_select"], 3),
+        "spark_vs_orm": round(found["spark_vs_orm"], 1),
+        "sqs_redrive_msgs_per_s": SQS_REDRIVE_MSGS_PER_S,
+        "spark_vs_sqs_redrive": round(results["spark"].rate / SQS_REDRIVE_MSGS_PER_S, 1),
+        "verdicts": verdicts(options, figures),
+        "targets": dict(TARGETS),
+        "spark": figures.config,
+    }
+
+
+def print_report(options: Options, figures: Figures) -> None:
+    assert figures.spark is not None
+    results, spark = figures.results, figures.spark
+    found = ratios(figures)
+    judged = verdicts(options, figures)
+    config = figures.config
+    print(
+        f"replay bench: {options.messages} dead-lettered messages of {options.size} bytes on "
+        f"{DLQ}, back to {ORIGIN}"
+    )
+    print(
+        f"spark: {config['master']}, {config['partitions']} JDBC partitions, slices of "
+        f"{config['slice_rows']} rows, fetch {config['fetch_rows']}, "
+        f"write batches {config['write_batch_rows']}"
+    )
+    print("insert_select: one INSERT ... SELECT, one transaction, no ledger (the machine's limit)")
+    print(
+        f"orm: Message.objects.create per message, one transaction each, on a sample of "
+        f"{options.orm_sample}"
+    )
+    print()
+    print(f"{'way':<14} {'messages':>9} {'seconds':>9} {'msgs/s':>10}")
+    for name in ("insert_select", "spark", "orm"):
+        result = results[name]
+        print(f"{name:<14} {result.messages:>9} {result.seconds:>9.2f} {result.rate:>10.0f}")
+    phase_rate = options.messages / spark.phase
+    exact = "" if spark.ready_exact else " (seen by polling, not stamped)"
+    print(
+        f"  spark start-up {spark.ready:>6.2f} s  launch to Spark session up{exact}: "
+        f"driver took the job at {spark.driver_started:.2f} s"
+    )
+    print(
+        f"  spark phase    {spark.phase:>6.2f} s  {phase_rate:>10.0f} msgs/s  read, route, stage, "
+        f"write; includes {spark.total - spark.finished:.2f} s of driver exit after the job ended"
+    )
+    print()
+    print(f"{'ratio':<30} {'value':>7}  target")
+    for name in ("spark_phase_vs_insert_select", "spark_vs_orm"):
+        print(f"{name:<30} {found[name]:>7.2f}  >= {TARGETS[name]:g} {judged[name]}")
+    print(
+        f"{'spark_total_seconds':<30} {spark.total:>7.2f}  <= {TARGETS['spark_total_seconds']:g} "
+        f"{judged['spark_total_seconds']}"
+    )
+    print()
+    print(
+        f"context: SQS's dead-letter redrive tops out at {SQS_REDRIVE_MSGS_PER_S} msgs/s; "
+        f"spark moved {results['spark'].rate:.0f} msgs/s "
+        f"({results['spark'].rate / SQS_REDRIVE_MSGS_PER_S:.0f}x)"
+    )
+    print_figures(summary(options, figures))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
