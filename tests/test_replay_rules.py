@@ -5,6 +5,7 @@ is compared with what the handler's scan does to the same messages."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -61,6 +62,9 @@ def spark() -> Iterator[SparkSession]:
     session = spark_session("lazaretto-test-routing")
     yield session
     session.stop()
+    # py4j says goodbye at INFO from a destructor after pytest has closed its
+    # output; keep the end of the run pytest's own summary.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 patterns = st.fixed_dictionaries(
