@@ -412,10 +412,12 @@ def replay_stage_clear(*, job_id: int, upto: int | None = None) -> None:
 
 
 def replay_stage_analyze() -> None:
-    """Refresh the staging table's statistics after a load, so the insert
-    that follows is planned for the rows it holds now."""
+    """Refresh the statistics of the staging table and of the job records
+    after a load, so the insert that follows is planned for the rows they
+    hold now: with stale figures for a job's records the planner may rescan
+    them for every staged row (minutes instead of seconds per range)."""
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_replaystage")
+        cursor.execute("ANALYZE broker_replaystage, broker_replayedmessage")
 
 
 def replay_write_staged(*, job: ReplayJob, after: int, upto: int) -> dict[str, int]:
