@@ -96,6 +96,8 @@ fmt: venv
 run: venv services
 	@$(load_env)
 	export PORT="$(PORT)"
+	# The demo's handlers (demo_consumers), unless the caller names modules.
+	export LAZARETTO_CONSUMER_MODULES="$${LAZARETTO_CONSUMER_MODULES:-demo_consumers}"
 	set -x
 	bash scripts/spark.sh
 	$(PY) manage.py migrate --noinput

@@ -7,27 +7,38 @@ unreadable and goes straight to the dead-letter queue; any other exception is
 a handler error, retried with backoff while retries remain. A handler that
 kills its process (or hangs until it is killed) is a crash, which the sweeper
 notices.
+
+Handlers beyond the built-in ones live in consumer modules, which
+``LAZARETTO_CONSUMER_MODULES`` names and ``load_consumer_modules`` imports at
+start-up in every process (web and workers alike: saving a queue checks its
+consumer against this registry).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import importlib
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 logger = logging.getLogger(__name__)
 
+# A queue's webhook_timeout: the default and its bounds, in seconds.
 WEBHOOK_TIMEOUT_SECONDS = 10.0
+MIN_WEBHOOK_TIMEOUT_SECONDS = 0.1
+MAX_WEBHOOK_TIMEOUT_SECONDS = 300.0
+# The headers of a signed webhook POST (see ``webhook_signature``).
+SIGNATURE_HEADER = "Lazaretto-Signature"
+TIMESTAMP_HEADER = "Lazaretto-Timestamp"
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,21 @@ class FormatError(HandlerError):
 
 
 Handler = Callable[[Delivery], None]
+
+
+class DuplicateHandler(ValueError):
+    """A handler name registered a second time."""
+
+    def __init__(self, name: str, first: Handler, second: Handler) -> None:
+        super().__init__(
+            f"A handler named {name!r} is already registered (by {first.__module__}); "
+            f"{second.__module__} registers it again."
+        )
+        self.name = name
+        self.first_module = first.__module__
+        self.second_module = second.__module__
+
+
 _HANDLERS: dict[str, Handler] = {}
 
 
@@ -59,7 +85,7 @@ def register(name: str) -> Callable[[Handler], Handler]:
 
     def decorate(handler: Handler) -> Handler:
         if name in _HANDLERS:
-            raise ValueError(f"A handler named {name!r} is already registered.")
+            raise DuplicateHandler(name, _HANDLERS[name], handler)
         _HANDLERS[name] = handler
         return handler
 
@@ -68,6 +94,51 @@ def register(name: str) -> Callable[[Handler], Handler]:
 
 def handler_names() -> list[str]:
     return sorted(_HANDLERS)
+
+
+def load_consumer_modules(
+    modules: Iterable[str], *, variable: str = "LAZARETTO_CONSUMER_MODULES"
+) -> None:
+    """Import each consumer module, whose ``@register`` decorators add its
+    handlers. A module that cannot be found, one that fails while it is
+    imported (its own ImportError included) and a handler name registered
+    twice stop start-up with ``ImproperlyConfigured`` naming ``variable`` and
+    the module."""
+    for module in modules:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise ImproperlyConfigured(
+                f"{variable}: {module!r} is not a module name; expected dotted Python "
+                "names such as billing_consumers or acme.billing.consumers."
+            )
+        try:
+            importlib.import_module(module)
+        except DuplicateHandler as error:
+            raise ImproperlyConfigured(
+                f"{variable}: consumer module {module!r} registers the handler name "
+                f"{error.name!r}, which {error.first_module} already registered; "
+                "each handler name may be registered once."
+            ) from error
+        except ModuleNotFoundError as error:
+            if error.name is not None and _names_part_of(error.name, module):
+                raise ImproperlyConfigured(
+                    f"{variable}: consumer module {module!r} not found (no module named "
+                    f"{error.name!r}); put the directory that holds it on PYTHONPATH."
+                ) from error
+            raise _failed(variable, module, error) from error
+        except Exception as error:
+            raise _failed(variable, module, error) from error
+
+
+def _names_part_of(missing: str, module: str) -> bool:
+    """Whether ``missing`` is ``module`` itself or one of its parent packages."""
+    return module == missing or module.startswith(f"{missing}.")
+
+
+def _failed(variable: str, module: str, error: Exception) -> ImproperlyConfigured:
+    return ImproperlyConfigured(
+        f"{variable}: consumer module {module!r} was found but failed while it was "
+        f"imported: {type(error).__name__}: {error}"
+    )
 
 
 def is_webhook(consumer: str) -> bool:
@@ -100,35 +171,64 @@ def validate_consumer(consumer: str) -> None:
         )
 
 
-def consumer_for(consumer: str) -> Handler:
-    """The callable that delivers to ``consumer``."""
+@dataclass(frozen=True)
+class WebhookOptions:
+    """A queue's webhook settings: how long a POST may take (seconds, for
+    each of connecting, sending and waiting for the answer) and the shared
+    secret that signs it (blank: unsigned)."""
+
+    timeout: float = WEBHOOK_TIMEOUT_SECONDS
+    secret: str = ""
+
+
+def consumer_for(consumer: str, webhook: WebhookOptions | None = None) -> Handler:
+    """The callable that delivers to ``consumer``; a webhook URL is posted to
+    with ``webhook``'s timeout and secret."""
     if is_webhook(consumer):
-        return lambda delivery: _post_webhook(consumer, delivery)
+        options = webhook or WebhookOptions()
+        return lambda delivery: _post_webhook(consumer, delivery, options)
     try:
         return _HANDLERS[consumer]
     except KeyError:
         raise HandlerError(f"No handler is registered as {consumer!r}.") from None
 
 
+def webhook_signature(*, secret: str, timestamp: int, body: bytes) -> str:
+    """The ``Lazaretto-Signature`` value: ``sha256=`` and the hex HMAC-SHA256,
+    keyed with the queue's secret, of the timestamp (Unix seconds, as sent in
+    ``Lazaretto-Timestamp``), a dot, and the raw body. Receivers compute the
+    same and compare in constant time; the timestamp lets them refuse an old
+    request replayed."""
+    signed = f"{timestamp}.".encode() + body
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
 @cache
 def _http_client() -> httpx.Client:
-    # One client per process keeps connections to each webhook alive.
+    # One client per process keeps connections to each webhook alive; each
+    # request carries its queue's timeout.
     return httpx.Client(timeout=WEBHOOK_TIMEOUT_SECONDS, follow_redirects=False)
 
 
-def _post_webhook(url: str, delivery: Delivery) -> None:
+def _post_webhook(url: str, delivery: Delivery, options: WebhookOptions) -> None:
     """POST the payload; any 2xx acknowledges it, anything else is an error."""
+    headers = {
+        "Content-Type": delivery.content_type,
+        "Lazaretto-Message-Id": str(delivery.message_id),
+        "Lazaretto-Attempt": str(delivery.attempt),
+        "Lazaretto-Queue": delivery.queue,
+        "Lazaretto-Headers": json.dumps(delivery.headers),
+    }
+    if options.secret:
+        timestamp = int(time.time())
+        headers[TIMESTAMP_HEADER] = str(timestamp)
+        headers[SIGNATURE_HEADER] = webhook_signature(
+            secret=options.secret, timestamp=timestamp, body=delivery.payload
+        )
     try:
         response = _http_client().post(
-            url,
-            content=delivery.payload,
-            headers={
-                "Content-Type": delivery.content_type,
-                "Lazaretto-Message-Id": str(delivery.message_id),
-                "Lazaretto-Attempt": str(delivery.attempt),
-                "Lazaretto-Queue": delivery.queue,
-                "Lazaretto-Headers": json.dumps(delivery.headers),
-            },
+            url, content=delivery.payload, headers=headers, timeout=options.timeout
         )
     except httpx.HTTPError as error:
         raise HandlerError(f"webhook {url}: {type(error).__name__}: {error}") from None
@@ -167,44 +267,3 @@ def json_handler(delivery: Delivery) -> None:
     if not isinstance(document, dict):
         raise FormatError(f"payload is JSON {type(document).__name__}, not an object")
     logger.info("message %s: JSON keys %s", delivery.message_id, sorted(document))
-
-
-@register("demo")
-def demo(delivery: Delivery) -> None:
-    """A consumer with bugs on demand, for demos and tests.
-
-    Payload markers: ``CRASH`` kills the process (``os._exit(1)``), ``HANG``
-    never returns, ``FAIL`` always raises. Headers: ``fail-attempts: N`` raises
-    on the first N attempts; ``sleep-seconds: S`` sleeps before answering.
-    When ``LAZARETTO_DEMO_RECORD`` names a file, every delivery is appended to
-    it as a JSON line before the handler acts.
-    """
-    _record(delivery)
-    if delivery.headers.get("sleep-seconds"):
-        time.sleep(float(delivery.headers["sleep-seconds"]))
-    if b"CRASH" in delivery.payload:
-        os._exit(1)
-    if b"HANG" in delivery.payload:
-        while True:
-            time.sleep(60)
-    if b"FAIL" in delivery.payload:
-        raise HandlerError("demo: the payload says FAIL")
-    if delivery.attempt <= int(delivery.headers.get("fail-attempts", "0")):
-        raise HandlerError(f"demo: failing attempt {delivery.attempt} on purpose")
-
-
-def _record(delivery: Delivery) -> None:
-    path = os.environ.get("LAZARETTO_DEMO_RECORD")
-    if not path:
-        return
-    line: dict[str, Any] = {
-        "id": delivery.message_id,
-        "attempt": delivery.attempt,
-        "isolated": delivery.isolated,
-        "pid": os.getpid(),
-        "time": time.time(),
-    }
-    # One write of a short line to a file opened for appending is atomic, so
-    # several worker processes can share the file.
-    with Path(path).open("a") as record:
-        record.write(json.dumps(line) + "\n")

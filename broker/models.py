@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import (
+    MaxValueValidator,
+    MinLengthValidator,
+    MinValueValidator,
+    RegexValidator,
+)
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from broker.consumers import validate_consumer, validate_webhook_url
+from broker.consumers import (
+    MAX_WEBHOOK_TIMEOUT_SECONDS,
+    MIN_WEBHOOK_TIMEOUT_SECONDS,
+    WEBHOOK_TIMEOUT_SECONDS,
+    validate_consumer,
+    validate_webhook_url,
+)
 from broker.topic_grammar import TopicError, filter_levels, is_under, topic_levels
 
 QUEUE_NAME_MAX_LENGTH = 48
@@ -46,6 +57,8 @@ def validate_topic_filter(value: str) -> None:
 
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+MIN_WEBHOOK_SECRET_LENGTH = 16
+MAX_WEBHOOK_SECRET_LENGTH = 256
 MAX_SUSPECT_DELAY_SECONDS = 5.0
 
 
@@ -80,6 +93,22 @@ class Queue(models.Model):
     description = models.CharField(max_length=200, blank=True)
     # A registered handler name or an http(s) webhook URL; blank: messages wait.
     consumer = models.CharField(max_length=2048, blank=True, validators=[validate_consumer])
+    # A webhook consumer's POST may take this long to connect, and again to
+    # send and to be answered; longer is a handler error.
+    webhook_timeout = models.FloatField(
+        default=WEBHOOK_TIMEOUT_SECONDS,
+        validators=[
+            MinValueValidator(MIN_WEBHOOK_TIMEOUT_SECONDS),
+            MaxValueValidator(MAX_WEBHOOK_TIMEOUT_SECONDS),
+        ],
+    )
+    # Signs every webhook POST (broker.consumers.webhook_signature); blank:
+    # unsigned. Write-only: the API and the console never show it.
+    webhook_secret = models.CharField(
+        max_length=MAX_WEBHOOK_SECRET_LENGTH,
+        blank=True,
+        validators=[MinLengthValidator(MIN_WEBHOOK_SECRET_LENGTH)],
+    )
     batch_size = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
     lease_seconds = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     retry_limit = models.PositiveIntegerField(default=3)
@@ -150,6 +179,11 @@ class Queue(models.Model):
                 & Q(suspect_delay_seconds__lte=MAX_SUSPECT_DELAY_SECONDS),
                 name="queue_suspect_delay_0_5",
             ),
+            models.CheckConstraint(
+                condition=Q(webhook_timeout__gte=MIN_WEBHOOK_TIMEOUT_SECONDS)
+                & Q(webhook_timeout__lte=MAX_WEBHOOK_TIMEOUT_SECONDS),
+                name="queue_webhook_timeout_bounds",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -158,6 +192,11 @@ class Queue(models.Model):
     @property
     def is_dead_letter(self) -> bool:
         return self.kind == QueueKind.DEAD_LETTER
+
+    @property
+    def webhook_signed(self) -> bool:
+        """Whether webhook POSTs are signed (a secret is set)."""
+        return bool(self.webhook_secret)
 
 
 class QueueDepth(models.Model):

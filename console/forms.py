@@ -10,9 +10,18 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, Overflow, Queue, ReplaySource
+from broker.consumers import handler_names
+from broker.models import (
+    MAX_WEBHOOK_SECRET_LENGTH,
+    MIN_WEBHOOK_SECRET_LENGTH,
+    QUEUE_NAME_MAX_LENGTH,
+    MessageState,
+    Overflow,
+    Queue,
+    ReplaySource,
+)
 from broker.selectors import dead_letter_queue_list, queue_names, topic_list
-from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS
+from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.replay import MAX_TEXT_FILTER, ReplayFilter, ReplaySpec
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
@@ -63,15 +72,39 @@ class QueueSettingsForm(forms.ModelForm):
         to_field_name="name",
         required=False,
     )
+    # The secret is never shown, not even to admins: the field starts empty
+    # and only a value typed into it replaces the current one.
+    webhook_secret = forms.CharField(
+        required=False,
+        min_length=MIN_WEBHOOK_SECRET_LENGTH,
+        max_length=MAX_WEBHOOK_SECRET_LENGTH,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        label="New webhook secret",
+    )
+    clear_webhook_secret = forms.BooleanField(
+        required=False, label="Clear the webhook secret (webhook POSTs go unsigned)"
+    )
+    field_order = [
+        "description",
+        "consumer",
+        "webhook_timeout",
+        "webhook_secret",
+        "clear_webhook_secret",
+    ]
 
     class Meta:
         model = Queue
-        # Kind, pause and limits have their own controls.
+        # Kind, pause and limits have their own controls; the secret is the
+        # write-only field above.
         fields = [
-            name for name in QUEUE_SETTINGS if name not in {"kind", "paused", *LIMIT_SETTINGS}
+            name
+            for name in QUEUE_SETTINGS
+            if name not in {"kind", "paused", *LIMIT_SETTINGS, *SECRET_SETTINGS}
         ]
+        labels = {"webhook_timeout": "Webhook timeout (seconds)"}
         help_texts = {
-            "consumer": "A handler name (noop, log, json, demo) or an http(s) webhook URL.",
+            "webhook_timeout": "A webhook consumer has this long to accept the connection, "
+            "and again to answer (0.1-300); longer is a handler error.",
             "crash_threshold": "Crashes while delivering a message before it is poison.",
             "poison_limit": (
                 "Deliveries ending without an answer (crashes and timeouts) before a "
@@ -88,6 +121,34 @@ class QueueSettingsForm(forms.ModelForm):
             "archive_retention_days": "Delivered and failed messages published longer ago "
             "than this many days move to the archive (blank: LAZARETTO_ARCHIVE_RETENTION_DAYS).",
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        handlers = ", ".join(handler_names())
+        consumer = self.fields["consumer"]
+        consumer.help_text = f"A handler name ({handlers}) or an http(s) webhook URL."
+        self.fields["webhook_secret"].help_text = (
+            "A secret is set: webhook POSTs are signed (Lazaretto-Signature). Type a new "
+            "one to replace it; leave blank to keep it."
+            if self.instance.webhook_signed
+            else f"No secret is set: webhook POSTs are not signed. Type one "
+            f"({MIN_WEBHOOK_SECRET_LENGTH}-{MAX_WEBHOOK_SECRET_LENGTH} characters) to sign them."
+        )
+
+    def clean(self) -> dict[str, Any]:
+        """The service's ``webhook_secret``: a new secret typed, blank to clear
+        it, or absent to keep the current one."""
+        super().clean()
+        cleaned = self.cleaned_data
+        secret = cleaned.pop("webhook_secret", "")
+        clear = cleaned.pop("clear_webhook_secret", False)
+        if secret and clear:
+            self.add_error("clear_webhook_secret", "Type a new secret or clear it, not both.")
+        elif clear:
+            cleaned["webhook_secret"] = ""
+        elif secret:
+            cleaned["webhook_secret"] = secret
+        return cleaned
 
 
 class PurgeForm(forms.Form):

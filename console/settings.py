@@ -168,6 +168,13 @@ LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 # queue manager's name is in IBM MQ.
 LAZARETTO_INSTANCE_NAME = env_str("LAZARETTO_INSTANCE_NAME", socket.gethostname())
 LAZARETTO_MAX_PUBLISH_BATCH = 1000
+# Modules imported at start-up by every process (web and workers) whose
+# @broker.consumers.register handlers queues may then name; a module that
+# cannot be imported or a handler name registered twice stops start-up.
+# Set and empty means none, as unset does.
+LAZARETTO_CONSUMER_MODULES = (
+    env_list("LAZARETTO_CONSUMER_MODULES", []) if env_str("LAZARETTO_CONSUMER_MODULES", "") else []
+)
 
 # Celery: tasks are acknowledged after they run so a killed worker's task is
 # redelivered; one task at a time per process so a crash affects one batch.

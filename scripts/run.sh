@@ -15,6 +15,10 @@ PORT="${PORT:-8000}"
 
 [ -x "$PY" ] || { echo "run: $PY not found; run 'make venv' first" >&2; exit 1; }
 
+# Consumer modules every process imports at start-up: the demo's handlers
+# unless the caller names its own (include demo_consumers to keep the demo's).
+export LAZARETTO_CONSUMER_MODULES="${LAZARETTO_CONSUMER_MODULES:-demo_consumers}"
+
 pids=()
 
 # start_bg NAME CMD...: start CMD in the background in a process group of its own.

@@ -16,10 +16,16 @@ from pytest_django import DjangoDbBlocker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from broker.consumers import load_consumer_modules
 from broker.models import Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from tests.harness import RedisServer, Workers, database_url_for_workers, point_celery_at
+
+# The suite's consumers are the demo's, a consumer module like any user's:
+# `make run` names it in LAZARETTO_CONSUMER_MODULES, and so do the worker
+# processes the tests start (tests/harness.py). This process loads it here.
+load_consumer_modules(["demo_consumers"])
 
 
 def _user(username: str, group: str | None) -> User:

@@ -137,6 +137,7 @@ class Workers:
             "CELERY_BROKER_URL": self.broker_url,
             "DEBUG": "1",
             "DUMP_DIR": str(self.dump_dir),
+            "LAZARETTO_CONSUMER_MODULES": "demo_consumers",
             "LAZARETTO_DEMO_RECORD": str(self.record_file),
             "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.25",
             "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.25",

@@ -31,6 +31,7 @@ def error_beside(html: str, field: str) -> str:
 SETTINGS = {
     "description": "Orders",
     "consumer": "noop",
+    "webhook_timeout": "10",
     "batch_size": "10",
     "lease_seconds": "30",
     "retry_limit": "3",

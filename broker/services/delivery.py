@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
-from broker.consumers import Delivery, FormatError, Handler, consumer_for
+from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
 from broker.models import Queue, QueueKind
 from broker.services.stats import minute_count
 from broker.services.transitions.in_flight import (
@@ -140,8 +140,11 @@ def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Couri
     if queue is None:
         yield None
         return
+    # The queue row read above carries the webhook's timeout and secret: no
+    # further query per message.
+    webhook = WebhookOptions(timeout=queue.webhook_timeout, secret=queue.webhook_secret)
     with _lease(worker or worker_name()) as owner:
-        yield Courier(queue=queue, owner=owner, handler=consumer_for(queue.consumer))
+        yield Courier(queue=queue, owner=owner, handler=consumer_for(queue.consumer, webhook))
 
 
 def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:

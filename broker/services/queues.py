@@ -20,6 +20,8 @@ QUEUE_SETTINGS = (
     "kind",
     "description",
     "consumer",
+    "webhook_timeout",
+    "webhook_secret",
     "batch_size",
     "lease_seconds",
     "retry_limit",
@@ -38,6 +40,9 @@ QUEUE_SETTINGS = (
     "paused",
 )
 EDITABLE_FIELDS = frozenset(QUEUE_SETTINGS)
+# Settings never shown once set: the API and the console say only whether
+# there is one, and audit events name the setting, never its value.
+SECRET_SETTINGS = frozenset({"webhook_secret"})
 # How many messages a queue takes, and what it does when full: the Limits form.
 LIMIT_SETTINGS = frozenset({"max_messages", "overflow", "discard_to_dead_letter"})
 # States whose messages still need something to happen to them.
@@ -125,6 +130,7 @@ def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
         _save_validated(
             queue, exclude_unique=True, update_fields=[*changed, "dead_letter_queue", "updated_at"]
         )
+        # The names of the settings changed, never their values (a secret).
         audit_record(
             action="queue_update",
             actor=actor,

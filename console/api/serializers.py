@@ -16,6 +16,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
 from broker.models import (
     Message,
     Queue,
@@ -33,7 +34,7 @@ from broker.selectors import (
     topic_list,
 )
 from broker.services.publish import MAX_DELAY_SECONDS, MAX_EXPIRY_SECONDS, NewMessage
-from broker.services.queues import QUEUE_SETTINGS
+from broker.services.queues import QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.replay import MAX_VELOCITY, ReplayFilter, ReplaySpec
 from broker.services.rule_tables import rule_table_report
 
@@ -41,6 +42,33 @@ from broker.services.rule_tables import rule_table_report
 # what a client sends; the summary serializer answers with a summary from
 # broker.selectors (the same fields, read through the summary, plus depth and
 # limit), so the API and the console read depths one way.
+
+
+@extend_schema_field(
+    {
+        "type": "number",
+        "format": "double",
+        "minimum": MIN_WEBHOOK_TIMEOUT_SECONDS,
+        "maximum": MAX_WEBHOOK_TIMEOUT_SECONDS,
+    }
+)
+class WebhookTimeoutField(serializers.FloatField):
+    """Seconds, a finite number within the bounds. Booleans, NaN and
+    infinity, which ``float()`` would take, are refused here so the error
+    names the field."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            min_value=MIN_WEBHOOK_TIMEOUT_SECONDS, max_value=MAX_WEBHOOK_TIMEOUT_SECONDS, **kwargs
+        )
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("invalid")
+        return value
 
 
 class QueueSerializer(serializers.ModelSerializer[Queue]):
@@ -53,11 +81,33 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         required=False,
         help_text="Name of the dead-letter queue; defaults to SYSTEM.DEAD.LETTER.QUEUE.",
     )
+    webhook_timeout = WebhookTimeoutField(
+        required=False,
+        help_text=(
+            "Seconds a webhook consumer has to accept the connection, and again to "
+            f"answer ({MIN_WEBHOOK_TIMEOUT_SECONDS:g} to {MAX_WEBHOOK_TIMEOUT_SECONDS:g}); "
+            "default 10."
+        ),
+    )
+    webhook_signed = serializers.BooleanField(
+        read_only=True,
+        help_text="Whether webhook POSTs are signed: a webhook_secret is set (it is never "
+        "returned).",
+    )
 
     class Meta:
         model = Queue
-        fields = ["name", *QUEUE_SETTINGS, "created_at", "updated_at"]
+        fields = ["name", *QUEUE_SETTINGS, "webhook_signed", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+        # Secrets are written, never read back.
+        extra_kwargs = {
+            name: {
+                "write_only": True,
+                "help_text": "Shared secret (16 to 256 characters) that signs each webhook "
+                "POST with HMAC-SHA256 (Lazaretto-Signature); write-only; blank: unsigned.",
+            }
+            for name in SECRET_SETTINGS
+        }
 
 
 class LimitSerializer(serializers.Serializer[LimitState]):

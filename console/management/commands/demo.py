@@ -7,9 +7,10 @@ import secrets
 from typing import Any
 
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from broker.consumers import handler_names
 from broker.models import Message, MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
@@ -61,6 +62,12 @@ class Command(BaseCommand):
     help = "Create demo queues, messages in several states, and demo users (idempotent)."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if "demo" not in handler_names():
+            raise CommandError(
+                "ORDERS.IN's consumer is the demo handler of the demo_consumers module: "
+                "set LAZARETTO_CONSUMER_MODULES=demo_consumers (make run does) for this "
+                "command, the console and the workers."
+            )
         for name in GROUP_ROLES:
             Group.objects.get_or_create(name=name)
         if Queue.objects.filter(name="ORDERS.IN").exists():
