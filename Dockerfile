@@ -42,4 +42,4 @@ USER app
 
 EXPOSE 8000
 
-CMD ["gunicorn", "console.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]
+CMD ["gunicorn", "-c", "python:console.gunicorn_conf", "console.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]

@@ -555,8 +555,10 @@ class BulkJob(models.Model):
 
 
 class QueueMinute(models.Model):
-    """Deliveries and failures of one queue in one minute, for the
-    dashboard's last-hour chart. Written once per settled batch."""
+    """What happened on one queue in one minute: the dashboard's last-hour
+    chart, and (added up in ``QueueTotal`` by the same statement) the
+    counters /metrics exposes. Written by ``broker.services.stats.minute_count``
+    only, once per settled batch, publish or sweep."""
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="minutes")
     minute = models.DateTimeField()
@@ -564,6 +566,20 @@ class QueueMinute(models.Model):
     failed = models.PositiveIntegerField(default=0)
     # Messages quarantined or purged as poison (also counted in failed).
     poisoned = models.PositiveIntegerField(db_default=0)
+    # Messages published to the queue (directly or through a topic).
+    published = models.PositiveIntegerField(db_default=0)
+    # Deliveries the consumer answered with an error (retried or not).
+    handler_errors = models.PositiveIntegerField(db_default=0)
+    # Deliveries that ended without an answer: the worker died within the
+    # lease (crashed), or the lease ran out (timed_out).
+    crashed = models.PositiveIntegerField(db_default=0)
+    timed_out = models.PositiveIntegerField(db_default=0)
+    # Messages moved from the queue to its dead-letter queue, for any reason.
+    dead_lettered = models.PositiveIntegerField(db_default=0)
+    # Messages blacklisted (NDLV).
+    blacklisted = models.PositiveIntegerField(db_default=0)
+    # Messages deleted unread: discard_old, or a DISCARD on a dead-letter queue.
+    discarded = models.PositiveIntegerField(db_default=0)
 
     class Meta:
         constraints = [
@@ -576,6 +592,55 @@ class QueueMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id} {self.minute:%H:%M}: {self.delivered}/{self.failed}"
+
+
+class QueueTotal(models.Model):
+    """Every ``QueueMinute`` counter of a queue added up since the queue was
+    created: what /metrics reads (one row per queue, whatever the history).
+    Kept by the statement that writes ``QueueMinute``
+    (``broker.services.stats.minute_count``), so the two never disagree."""
+
+    queue = models.OneToOneField(
+        Queue, on_delete=models.CASCADE, primary_key=True, related_name="total"
+    )
+    published = models.BigIntegerField(db_default=0)
+    delivered = models.BigIntegerField(db_default=0)
+    failed = models.BigIntegerField(db_default=0)
+    poisoned = models.BigIntegerField(db_default=0)
+    handler_errors = models.BigIntegerField(db_default=0)
+    crashed = models.BigIntegerField(db_default=0)
+    timed_out = models.BigIntegerField(db_default=0)
+    dead_lettered = models.BigIntegerField(db_default=0)
+    blacklisted = models.BigIntegerField(db_default=0)
+    discarded = models.BigIntegerField(db_default=0)
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}: {self.published} published, {self.delivered} delivered"
+
+
+class DeadLetterActionTotal(models.Model):
+    """How many times the dead-letter handler acted on a dead-letter queue by
+    one rule of one rules-table version, by action (retry, fwd, discard,
+    ignore, or failed when the action could not be carried out): one count
+    per audit event it wrote (``broker.services.dead_letters``)."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="rule_actions")
+    rule_table_version = models.PositiveIntegerField()
+    # 0: no rule matched (or every matching one was used up).
+    rule = models.PositiveIntegerField()
+    action = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "rule_table_version", "rule", "action"],
+                name="dead_letter_action_total_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} v{self.rule_table_version} rule {self.rule} {self.action}"
 
 
 class Heartbeat(models.Model):

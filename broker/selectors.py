@@ -29,6 +29,7 @@ from broker.errors import BulkJobNotFound, MessageNotFound, QueueNotFound, RuleT
 from broker.models import (
     AuditEvent,
     BulkJob,
+    DeadLetterActionTotal,
     Heartbeat,
     Message,
     MessageState,
@@ -37,6 +38,7 @@ from broker.models import (
     QueueDepth,
     QueueKind,
     QueueMinute,
+    QueueTotal,
     RuleTable,
     RuleTableStatus,
     Subscription,
@@ -422,3 +424,51 @@ def poison_alarms_recent(*, limit: int = 10) -> list[PoisonAlarm]:
             has_page=Exists(Message.objects.filter(id=OuterRef("message_id")))
         ).order_by("-id")[:limit]
     )
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A queue's depth by state and its all-time counters (``QueueTotal``;
+    zeros before anything happened on it), as /metrics shows them."""
+
+    name: str
+    depth: dict[str, int]
+    totals: dict[str, int]
+
+
+QUEUE_TOTALS = tuple(field.name for field in QueueTotal._meta.get_fields() if field.name != "queue")
+
+
+def queue_counts() -> list[QueueCounts]:
+    """Every queue's depth and totals by name: three small queries (queues,
+    depth counters, totals), one row each per queue or state."""
+    queues = list(Queue.objects.order_by("name").values_list("id", "name"))
+    depths = queue_depths(queue_ids=[queue_id for queue_id, _ in queues])
+    totals = {row["queue_id"]: row for row in QueueTotal.objects.values("queue_id", *QUEUE_TOTALS)}
+    zeros = dict.fromkeys(QUEUE_TOTALS, 0)
+    return [
+        QueueCounts(
+            name=name,
+            depth=depths[queue_id],
+            totals={key: totals.get(queue_id, zeros)[key] for key in QUEUE_TOTALS},
+        )
+        for queue_id, name in queues
+    ]
+
+
+@dataclass(frozen=True)
+class RuleActionCount:
+    queue: str
+    rule_table_version: int
+    rule: int
+    action: str
+    count: int
+
+
+def dead_letter_action_counts() -> list[RuleActionCount]:
+    """The dead-letter handler's actions by queue, table version, rule and
+    action since each queue was created."""
+    rows = DeadLetterActionTotal.objects.order_by(
+        "queue__name", "rule_table_version", "rule", "action"
+    ).values_list("queue__name", "rule_table_version", "rule", "action", "count")
+    return [RuleActionCount(*row) for row in rows]

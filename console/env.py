@@ -7,6 +7,7 @@ fall back to a default.
 
 import os
 import re
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -137,3 +138,31 @@ def env_float(name: str, default: float, minimum: float = 0.05) -> float:
     if not number >= minimum:
         raise _bad(name, value, f"a number of at least {minimum}")
     return number
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case-insensitive), returned in lower case."""
+    value = _raw(name)
+    if not value:
+        return default
+    if value.lower() not in choices:
+        raise _bad(name, value, f"one of {', '.join(choices)}")
+    return value.lower()
+
+
+def env_networks(name: str, default: list[str]) -> list[IPv4Network | IPv6Network]:
+    """A comma-separated list of networks in CIDR notation (``10.0.0.0/8``,
+    ``::1/128``; a bare address is one host); set and empty means none."""
+    value = _raw(name)
+    items = (
+        default if value is None else [item.strip() for item in value.split(",") if item.strip()]
+    )
+    networks = []
+    for item in items:
+        try:
+            networks.append(ip_network(item))
+        except ValueError as error:
+            raise _bad(
+                name, str(value), f"networks in CIDR notation, comma-separated ({error})"
+            ) from None
+    return networks

@@ -10,16 +10,19 @@ from celery.schedules import crontab
 
 from console.env import (
     env_bool,
+    env_choice,
     env_database,
     env_file,
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_path,
     env_redis_url,
     env_spark_master,
     env_str,
 )
+from console.logs import LOG_FORMATS, configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -32,6 +35,25 @@ DEBUG = env_bool("DEBUG", default=False)
 # must come from the environment.
 SECRET_KEY = env_str("SECRET_KEY", "insecure-local-debug-key" if DEBUG else None)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+
+# HTTPS only, unless told otherwise: with DEBUG off every one of these
+# defaults to what production needs (`manage.py check --deploy` is clean);
+# a local plain-http run turns them off explicitly (scripts/run.sh does so
+# for `make run`).
+_PRODUCTION = not DEBUG
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", _PRODUCTION)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", _PRODUCTION)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", _PRODUCTION)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if _PRODUCTION else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _PRODUCTION)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", _PRODUCTION)
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (and strips
+# it from clients): without this, every request looks like plain http and
+# SECURE_SSL_REDIRECT redirects forever.
+if env_bool("TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Load balancers and Prometheus probe over plain http, from inside.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 
 DATABASES = {"default": env_database("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = 60
@@ -112,7 +134,15 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Served by whitenoise from STATIC_ROOT, which `collectstatic` fills (run.sh
+# and the Dockerfile run it before serving): compressed copies made once,
+# nothing looked up per request. Only a DEBUG run serves straight from the
+# source directories, so an edit shows without collecting again.
 WHITENOISE_USE_FINDERS = DEBUG
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -151,16 +181,17 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "INFO"},
-    # httpx logs every request with its full URL, which for webhooks may
-    # carry a token; the consumers and the alarm notifier log outcomes themselves.
-    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
-}
+# LOG_FORMAT=json: every line of every process (web, workers, beat) one JSON
+# object; text (the default) stays human-readable (console.logs).
+LOG_FORMAT = env_choice("LOG_FORMAT", "text", LOG_FORMATS)
+LOGGING = logging_config(log_format=LOG_FORMAT)
+configure_structlog()
+
+# /metrics (Prometheus): answered to a request bearing this token
+# ("Authorization: Bearer …"; blank: no token accepted) or coming from one
+# of these networks (the connecting address, not X-Forwarded-For).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"])
 
 # Lazaretto's own defaults.
 LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run Lazaretto locally: the console web server, the Celery delivery worker,
+# Run Lazaretto locally: the console web server (gunicorn), the Celery delivery worker,
 # the control worker (sweeper, dispatcher, alarm webhook) and beat.
 # Normally started by `make run`, which has already migrated, loaded demo data and
 # put DATABASE_URL / CELERY_BROKER_URL (var/services.env) in the environment.
@@ -18,6 +18,24 @@ PORT="${PORT:-8000}"
 # Consumer modules every process imports at start-up: the demo's handlers
 # unless the caller names its own (include demo_consumers to keep the demo's).
 export LAZARETTO_CONSUMER_MODULES="${LAZARETTO_CONSUMER_MODULES:-demo_consumers}"
+
+# A local run serves plain http: the HTTPS-only settings, on by default
+# without DEBUG (console/settings.py), are turned off unless the caller set them.
+export SECURE_SSL_REDIRECT="${SECURE_SSL_REDIRECT:-false}"
+export SESSION_COOKIE_SECURE="${SESSION_COOKIE_SECURE:-false}"
+export CSRF_COOKIE_SECURE="${CSRF_COOKIE_SECURE:-false}"
+export SECURE_HSTS_SECONDS="${SECURE_HSTS_SECONDS:-0}"
+export SECURE_HSTS_INCLUDE_SUBDOMAINS="${SECURE_HSTS_INCLUDE_SUBDOMAINS:-false}"
+export SECURE_HSTS_PRELOAD="${SECURE_HSTS_PRELOAD:-false}"
+
+# Every process (gunicorn's workers, Celery's prefork children) writes its
+# metrics here and /metrics adds them up; a new run starts from nothing.
+export PROMETHEUS_MULTIPROC_DIR="$REPO/var/prometheus"
+rm -rf "$PROMETHEUS_MULTIPROC_DIR"
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+
+# whitenoise serves the collected (and compressed) static files.
+"$PY" manage.py collectstatic --noinput -v 0
 
 pids=()
 
@@ -67,10 +85,12 @@ start_bg celery-pipeline "$CELERY" -A workers worker -Q pipeline -c 1 -n pipelin
 start_bg celery-beat "$CELERY" -A workers beat -l info \
     --schedule "$REPO/var/celerybeat-schedule" --logfile "$REPO/var/log/celery-beat.log"
 
-# The console web server. This script stays attached to it (output goes to the
-# terminal) and ends when it ends; `wait` (unlike a plain foreground command)
-# lets Ctrl-C / SIGTERM reach the traps right away.
-start_bg web "$PY" manage.py runserver --noreload "127.0.0.1:$PORT"
+# The console web server: gunicorn (console/gunicorn_conf.py), its error and
+# access logs on this script's output. This script stays attached to it and
+# ends when it ends; `wait` (unlike a plain foreground command) lets Ctrl-C /
+# SIGTERM reach the traps right away.
+start_bg web "$REPO/.venv/bin/gunicorn" -c python:console.gunicorn_conf \
+    --bind "127.0.0.1:$PORT" console.wsgi:application
 web_pid="${pids[-1]}"
 set +e
 wait "$web_pid"

@@ -1,6 +1,7 @@
 """`make run` on a database of its own: migrates, loads the demo, prints the
 admin password and serves the login page."""
 
+import json
 import os
 import re
 import signal
@@ -54,6 +55,28 @@ def fetch(url: str) -> tuple[int, str]:
         return error.code, error.headers.get("Location", "")
 
 
+def commands_in_session(session: int) -> list[str]:
+    """The command lines of the processes in session ``session``."""
+    commands = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session:
+                commands.append(
+                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
+        except (OSError, IndexError, ValueError):
+            continue
+    return commands
+
+
+def wait_for(condition, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
 def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
     port = free_port()
     log = tmp_path / "make-run.log"
@@ -81,6 +104,17 @@ def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
         assert 'name="password"' in body
         assert re.search(r"admin\s+password: \S+", output)
         assert fetch(f"http://127.0.0.1:{port}/") == (302, "/login/?next=/")
+        # gunicorn serves it, the static files through whitenoise, the
+        # health probe without a login, its access log in make run's output.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.headers["Server"].startswith("gunicorn")
+            assert json.loads(response.read()) == {"status": "ok"}
+        status, css = fetch(f"http://127.0.0.1:{port}/static/css/console.css")
+        assert status == 200
+        assert css
+        assert any("gunicorn" in command for command in commands_in_session(process.pid))
+        assert "runserver" not in " ".join(commands_in_session(process.pid))
+        wait_for(lambda: '"GET /healthz HTTP/1.1" 200' in log.read_text(), "the access log line")
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)

@@ -14,12 +14,65 @@ sweep. Run one worker per queue and one beat:
     celery -A workers beat
 """
 
+import copy
+import logging.config
 import os
+import time
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("lazaretto")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["workers"])
+
+# When a task was sent (epoch seconds, the sender's clock): how late a
+# scheduled task starts is what the sweeper and dispatcher lag metrics show.
+SENT_AT_HEADER = "lazaretto_sent_at"
+
+
+@signals.before_task_publish.connect
+def stamp_sent_at(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    if headers is not None:
+        headers.setdefault(SENT_AT_HEADER, time.time())
+
+
+@signals.setup_logging.connect
+def setup_logging(loglevel: int | None = None, logfile: str | None = None, **kwargs: Any) -> None:
+    """Django's LOGGING for Celery's processes too, instead of Celery's own
+    set-up (which would replace the root logger's handlers and format), so
+    LOG_FORMAT=json holds for workers and beat; ``--logfile`` and ``-l``
+    still choose where to and from which level."""
+    from django.conf import settings
+
+    config = copy.deepcopy(settings.LOGGING)
+    if logfile:
+        for handler in config["handlers"].values():
+            if handler.get("class") == "logging.StreamHandler":
+                handler.pop("stream", None)
+                handler.update(
+                    {"class": "logging.handlers.WatchedFileHandler", "filename": logfile}
+                )
+    if loglevel:
+        config["root"]["level"] = logging.getLevelName(loglevel)
+    logging.config.dictConfig(config)
+
+
+@signals.celeryd_init.connect
+def no_banner_in_json(instance: Any = None, **kwargs: Any) -> None:
+    """A worker prints a start-up banner (not a log line) unless quiet: with
+    LOG_FORMAT=json its output must hold JSON lines only."""
+    from django.conf import settings
+
+    if instance is not None and settings.LOG_FORMAT == "json":
+        instance.quiet = True
+
+
+@signals.worker_process_shutdown.connect
+def forget_process_metrics(pid: int | None = None, **kwargs: Any) -> None:
+    """A prefork child's live metrics go with it (multiprocess mode)."""
+    from broker.metrics import process_dead
+
+    process_dead(pid or os.getpid())

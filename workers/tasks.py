@@ -12,10 +12,13 @@ import math
 import time
 from typing import Any
 
+from celery import Task
 from django.conf import settings
 from django.db import transaction
 from django.dispatch import receiver
+from prometheus_client import Gauge
 
+from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob
 from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
@@ -26,7 +29,7 @@ from broker.services.stats import heartbeat
 from broker.services.sweeper import messages_sweep
 from broker.services.transitions.expiry import messages_expire
 from broker.signals import bulk_job_submitted, messages_available, replay_job_submitted
-from workers.celery import app
+from workers.celery import SENT_AT_HEADER, app
 from workers.pipeline import archive_launch, replay_job_launch
 
 logger = logging.getLogger(__name__)
@@ -66,6 +69,14 @@ def wake_when_available(sender: Any, queue: Queue, count: int, **kwargs: Any) ->
     )
 
 
+def _observe_lag(task: Task, gauge: Gauge) -> None:
+    """How late this run of a scheduled task started: from its sending
+    (beat's clock, stamped by workers.celery) to now."""
+    sent_at = task.request.get(SENT_AT_HEADER)
+    if isinstance(sent_at, int | float):
+        gauge.set(max(time.time() - sent_at, 0.0))
+
+
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
 def deliver(queue_id: int) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
@@ -88,6 +99,7 @@ def deliver(queue_id: int) -> None:
 def sweep() -> None:
     """Requeue unanswered deliveries as suspects, set aside the poison, and
     wake a delivery task per suspect so they are isolated in parallel."""
+    _observe_lag(sweep, SWEEPER_LAG)
     heartbeat(name="control")
     expired = messages_expire()
     if expired:
@@ -144,6 +156,7 @@ def notify_alarms() -> None:
 @app.task(name="lazaretto.dispatch", ignore_result=True)
 def dispatch() -> None:
     """Wake every queue that has due messages (new, delayed or retried)."""
+    _observe_lag(dispatch, DISPATCHER_LAG)
     interval = settings.LAZARETTO_DISPATCH_INTERVAL_SECONDS
     for due in queues_with_due_messages():
         wake(

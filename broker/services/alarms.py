@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from broker.models import NotificationState, PoisonAlarm
+from broker.models import NotificationState, PoisonAction, PoisonAlarm
 from broker.services.stats import minute_count
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,10 @@ def _announce(alarms: Sequence[Alarm]) -> None:
             alarm.timeout_count,
             alarm.dump_path,
             alarm.reason,
+            extra={"message_id": alarm.message_id, "queue": alarm.queue_name},
         )
+    blacklisted = Counter(
+        alarm.queue_id for alarm in alarms if alarm.action == PoisonAction.QUARANTINE
+    )
     for queue_id, count in Counter(alarm.queue_id for alarm in alarms).items():
-        minute_count(queue_id=queue_id, delivered=0, failed=0, poisoned=count)
+        minute_count(queue_id=queue_id, poisoned=count, blacklisted=blacklisted[queue_id])

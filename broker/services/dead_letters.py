@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +37,7 @@ from broker.rules import Rule, RulesTable, applicable_rule, destination, parse
 from broker.rules import message_attributes as rules_attributes
 from broker.selectors import active_rule_table, live_count, queue_depths
 from broker.services.audit import AuditEntry, audit_record_many
+from broker.services.stats import dead_letter_actions_count
 from broker.services.transitions.dead_lettered import (
     messages_defer,
     messages_discard,
@@ -377,6 +378,24 @@ def _write(row: RuleTable, table: RulesTable, chunk: _Chunk, targets: _Targets) 
                     sql, {"table": row.id, "ids": list(message_ids), "rules": list(rules)}
                 )
     audit_record_many(entries=chunk.events)
+    # One count per audit event, once the chunk's transaction has committed.
+    actions = Counter(
+        (row.version, event.details["rule"], _METRIC_ACTIONS[event.action])
+        for event in chunk.events
+    )
+    transaction.on_commit(
+        partial(dead_letter_actions_count, queue_id=row.queue_id, actions=actions), robust=True
+    )
+
+
+# The handler's audit actions as /metrics names them.
+_METRIC_ACTIONS = {
+    "dlq_retry": "retry",
+    "dlq_fwd": "fwd",
+    "dlq_discard": "discard",
+    "dlq_ignore": "ignore",
+    "dlq_action_failed": "failed",
+}
 
 
 # Every waiting message of a dead-letter queue, deferred or not, read without

@@ -38,15 +38,17 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
+from structlog.contextvars import bound_contextvars
 
 from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
+from broker.metrics import delivery_latency_observe
 from broker.models import Queue, QueueKind
 from broker.services.stats import minute_count
 from broker.services.transitions.in_flight import (
     Claimed,
     DeadLetterCause,
     Retry,
-    messages_ack,
+    messages_ack_latencies,
     messages_claim,
     messages_dead_letter,
     messages_retry,
@@ -123,8 +125,14 @@ class Courier:
             return Outcome()
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
         results = [_deliver(self.handler, queue, message, isolated) for message in batch]
-        _settle(queue, self.owner, batch, results, outcome)
-        minute_count(queue_id=queue.id, delivered=outcome.acked, failed=outcome.dead_lettered)
+        latencies = _settle(queue, self.owner, batch, results, outcome)
+        minute_count(
+            queue_id=queue.id,
+            delivered=outcome.acked,
+            failed=outcome.dead_lettered,
+            handler_errors=sum(error is not None for error in results),
+        )
+        delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
 
 
@@ -174,11 +182,12 @@ def _deliver(handler: Handler, queue: Queue, message: Claimed, isolated: bool) -
         attempt=message.attempts,
         isolated=isolated,
     )
-    try:
-        handler(delivery)
-    except Exception as error:  # any failure of the consumer is a handler error
-        logger.info("message %s on %s: %s", message.id, queue.name, error)
-        return error
+    # Whatever the consumer logs names the message and its queue too.
+    with bound_contextvars(message_id=message.id, queue=queue.name):
+        try:
+            handler(delivery)
+        except Exception as error:  # any failure of the consumer is a handler error
+            return error
     return None
 
 
@@ -196,25 +205,59 @@ def _settle(
     batch: list[Claimed],
     results: list[Exception | None],
     outcome: Outcome,
-) -> None:
-    """Record every answer of the batch in one transaction."""
+) -> list[float]:
+    """Record every answer of the batch in one transaction; returns the
+    publish-to-ack seconds of each message acknowledged."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
     retries: list[Retry] = []
     dead: dict[int, DeadLetterCause] = {}
+    answers: list[tuple[Claimed, Exception, str]] = []
     for message, error in zip(batch, results, strict=True):
         if error is None:
             continue
         if isinstance(error, FormatError):
             dead[message.id] = DeadLetterCause("format_error", _describe(error))
+            answers.append((message, error, "dead-lettered (format_error)"))
         elif message.attempts <= queue.retry_limit:
-            retries.append(Retry(message.id, _backoff(queue, message.attempts), _describe(error)))
+            delay = _backoff(queue, message.attempts)
+            retries.append(Retry(message.id, delay, _describe(error)))
+            answers.append((message, error, f"retry in {delay:g} s"))
         else:
             dead[message.id] = DeadLetterCause("handler_error", _describe(error))
+            answers.append((message, error, "dead-lettered (handler_error)"))
+    latencies: list[float] = []
     with transaction.atomic():
         if acked:
-            outcome.acked = messages_ack(message_ids=acked, owner=owner)
+            latencies = messages_ack_latencies(message_ids=acked, owner=owner)
+            outcome.acked = len(latencies)
         outcome.retried = messages_retry(retries=retries, owner=owner)
         outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
+    for message_id in acked:
+        logger.debug(
+            "message %s on %s delivered", message_id, queue.name, extra=_fields(queue, message_id)
+        )
+    for message, error, then in answers:
+        logger.info(
+            "message %s on %s, attempt %s: %s; %s",
+            message.id,
+            queue.name,
+            message.attempts,
+            _describe(error),
+            then,
+            extra={**_fields(queue, message.id), "attempt": message.attempts},
+        )
     lost = len(batch) - outcome.acked - outcome.retried - outcome.dead_lettered
     if lost:
-        logger.warning("%s: %s message(s) of the batch were taken back by the sweeper", owner, lost)
+        logger.warning(
+            "%s: %s message(s) of the batch were taken back by the sweeper",
+            owner,
+            lost,
+            extra={"queue": queue.name},
+        )
+    return latencies
+
+
+def _fields(queue: Queue, message_id: int) -> dict[str, object]:
+    """What a delivery's log line carries as fields (the worker is added to
+    every line: console.logs)."""
+    return {"message_id": message_id, "queue": queue.name}

@@ -1,38 +1,133 @@
-"""Small operational records: per-minute delivery counts and heartbeats."""
+"""Small operational records: per-minute and all-time counts of what
+happened on each queue (the dashboard's chart and /metrics), the dead-letter
+handler's actions by rule, and heartbeats."""
 
 from __future__ import annotations
 
-from django.db import connection
+from collections.abc import Iterable, Mapping
+from functools import partial
+
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from broker.models import Heartbeat
+from broker.models import Heartbeat, Queue
 
-# One row per queue and minute; concurrent batches add to it. Run outside
-# the batch's transaction so the row is locked for one statement only.
-_COUNT_SQL = """
-INSERT INTO broker_queueminute (queue_id, minute, delivered, failed, poisoned)
-VALUES (%(queue_id)s, date_trunc('minute', now()), %(delivered)s, %(failed)s, %(poisoned)s)
-ON CONFLICT (queue_id, minute) DO UPDATE
-SET delivered = broker_queueminute.delivered + EXCLUDED.delivered,
-    failed = broker_queueminute.failed + EXCLUDED.failed,
-    poisoned = broker_queueminute.poisoned + EXCLUDED.poisoned
+# What QueueMinute and QueueTotal count, in column order.
+COUNTERS = (
+    "published",
+    "delivered",
+    "failed",
+    "poisoned",
+    "handler_errors",
+    "crashed",
+    "timed_out",
+    "dead_lettered",
+    "blacklisted",
+    "discarded",
+)
+
+
+_COLUMNS = ", ".join(COUNTERS)
+_ADDED = ", ".join(f"{name} = t.{name} + EXCLUDED.{name}" for name in COUNTERS)
+_PARAMS = ", ".join(f"%({name})s::int" for name in COUNTERS)
+
+# One row per queue and minute, and one per queue for all time, in one
+# statement: the minute first (the total reads its RETURNING), so every
+# writer locks the two rows in the same order. Concurrent batches add to the
+# same rows; run outside a batch's transaction (or after it committed:
+# ``minute_count_on_commit``) so the rows are locked for one statement only.
+_COUNT_SQL = f"""
+WITH minute AS (
+    INSERT INTO broker_queueminute AS t (queue_id, minute, {_COLUMNS})
+    VALUES (%(queue_id)s, date_trunc('minute', now()), {_PARAMS})
+    ON CONFLICT (queue_id, minute) DO UPDATE SET {_ADDED}
+    RETURNING t.queue_id
+)
+INSERT INTO broker_queuetotal AS t (queue_id, {_COLUMNS})
+SELECT minute.queue_id, {_PARAMS} FROM minute
+ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
+"""  # noqa: S608
+
+
+def minute_count(
+    *,
+    queue_id: int,
+    published: int = 0,
+    delivered: int = 0,
+    failed: int = 0,
+    poisoned: int = 0,
+    handler_errors: int = 0,
+    crashed: int = 0,
+    timed_out: int = 0,
+    dead_lettered: int = 0,
+    blacklisted: int = 0,
+    discarded: int = 0,
+) -> None:
+    """Add what a batch (a publish, a delivery unit, a sweep) did on a queue
+    to its current minute and to its totals (see ``QueueMinute`` for what
+    each counter counts; ``poisoned`` is a part of ``failed``)."""
+    counts = {
+        "published": published,
+        "delivered": delivered,
+        "failed": failed,
+        "poisoned": poisoned,
+        "handler_errors": handler_errors,
+        "crashed": crashed,
+        "timed_out": timed_out,
+        "dead_lettered": dead_lettered,
+        "blacklisted": blacklisted,
+        "discarded": discarded,
+    }
+    if any(counts.values()):
+        with connection.cursor() as cursor:
+            cursor.execute(_COUNT_SQL, {"queue_id": queue_id, **counts})
+
+
+def minute_count_on_commit(*, queue_id: int, **counts: int) -> None:
+    """``minute_count`` once the caller's transaction has committed (at once
+    outside one): a rolled-back change counts nothing, and the counter rows
+    are never held for the rest of a transaction that locks messages."""
+    if any(counts.values()):
+        transaction.on_commit(partial(minute_count, queue_id=queue_id, **counts), robust=True)
+
+
+def queue_ids_by_name(names: Iterable[str]) -> dict[str, int]:
+    """The ids of the queues named, for counting moves that know queues by name."""
+    return dict(Queue.objects.filter(name__in=set(names)).values_list("name", "id"))
+
+
+# The dead-letter handler's actions by rule: one row per queue, table version,
+# rule and action. Rows are taken in key order, so concurrent handlers of one
+# queue cannot deadlock on them.
+_RULE_ACTIONS_SQL = """
+INSERT INTO broker_deadletteractiontotal AS t (queue_id, rule_table_version, rule, action, count)
+SELECT %(queue_id)s, a.version, a.rule, a.action, a.n
+FROM unnest(%(versions)s::int[], %(rules)s::int[], %(actions)s::text[], %(counts)s::bigint[])
+     AS a(version, rule, action, n)
+ORDER BY a.version, a.rule, a.action
+ON CONFLICT (queue_id, rule_table_version, rule, action) DO UPDATE SET count = t.count + EXCLUDED.count
 """
 
 
-def minute_count(*, queue_id: int, delivered: int, failed: int, poisoned: int = 0) -> None:
-    """Add a batch's outcome to its queue's current minute; ``poisoned``
-    counts messages set aside as poison (a part of ``failed``)."""
-    if delivered or failed or poisoned:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _COUNT_SQL,
-                {
-                    "queue_id": queue_id,
-                    "delivered": delivered,
-                    "failed": failed,
-                    "poisoned": poisoned,
-                },
-            )
+def dead_letter_actions_count(
+    *, queue_id: int, actions: Mapping[tuple[int, int, str], int]
+) -> None:
+    """Add the dead-letter handler's actions on a queue, by (rules table
+    version, rule number, action), to their totals."""
+    if not actions:
+        return
+    keys = sorted(actions)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RULE_ACTIONS_SQL,
+            {
+                "queue_id": queue_id,
+                "versions": [version for version, _, _ in keys],
+                "rules": [rule for _, rule, _ in keys],
+                "actions": [action for _, _, action in keys],
+                "counts": [actions[key] for key in keys],
+            },
+        )
 
 
 def heartbeat(*, name: str) -> None:

@@ -24,9 +24,11 @@ A poison message is set aside by its queue's poison action: quarantined
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -35,6 +37,8 @@ from broker.services.delivery import lease_token
 from broker.services.stats import minute_count
 from broker.services.transitions.blacklist import messages_set_aside_poison
 from broker.services.transitions.in_flight import Unanswered, messages_requeue_unanswered
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,16 +109,47 @@ def messages_sweep() -> SweepResult:
     dead = dead_lease_owners()
     with transaction.atomic():
         ended = messages_requeue_unanswered(dead_owners=dead, overdue_seconds=overdue_seconds())
+        # Said once committed, before what becomes of the poison among them.
+        transaction.on_commit(partial(_log_unanswered, ended), robust=True)
         quarantined, purged = messages_set_aside_poison(reasons=poison_reasons(ended))
     gone = set(quarantined) | set(purged)
     requeued = [message for message in ended if message.id not in gone]
-    for queue_id, count in Counter(
-        message.queue_id for message in ended if message.id in gone
-    ).items():
-        minute_count(queue_id=queue_id, delivered=0, failed=count)
+    failed = Counter(message.queue_id for message in ended if message.id in gone)
+    crashed = Counter(message.queue_id for message in ended if message.crashed)
+    timed_out = Counter(message.queue_id for message in ended if not message.crashed)
+    for queue_id in sorted({message.queue_id for message in ended}):
+        minute_count(
+            queue_id=queue_id,
+            failed=failed[queue_id],
+            crashed=crashed[queue_id],
+            timed_out=timed_out[queue_id],
+        )
     return SweepResult(
         requeued=sorted(message.id for message in requeued),
         quarantined=quarantined,
         purged=purged,
         suspects_by_queue=dict(Counter(message.queue_id for message in requeued)),
     )
+
+
+def _log_unanswered(ended: Sequence[Unanswered]) -> None:
+    """One line per delivery that ended without an answer; its ``worker`` is
+    the one that had the delivery (host:pid of the lease), not the sweeper."""
+    for message in ended:
+        worker = message.lease_owner.rsplit(":", 1)[0]
+        logger.info(
+            "message %s on %s: %s (crash count %s, timeouts %s)",
+            message.id,
+            message.queue_name,
+            f"worker {worker} died delivering it"
+            if message.crashed
+            else f"no answer from worker {worker} within the lease",
+            message.crash_count,
+            message.timeout_count,
+            extra={
+                "message_id": message.id,
+                "queue": message.queue_name,
+                "worker": worker,
+                "crashed": message.crashed,
+            },
+        )

@@ -5,6 +5,7 @@ the same statement moves them and forgets the handler's attempt counts."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from django.db import connection, transaction
 from broker.errors import IllegalTransition, QueueNotFound
 from broker.models import Message, Queue, QueueKind
 from broker.services.audit import Actor, audit_record
+from broker.services.stats import minute_count_on_commit
 from broker.services.transitions.table import Transition, guard, refuse
 from broker.signals import messages_available
 
@@ -42,11 +44,11 @@ _DISCARD_SQL = f"""
 WITH gone AS (
     DELETE FROM broker_message AS m USING broker_queue AS q
     WHERE m.id = ANY(%(ids)s) AND q.id = m.queue_id AND {guard(T.DISCARD)}
-    RETURNING m.id
+    RETURNING m.id, m.queue_id
 ), forgotten AS (
     DELETE FROM broker_deadletterattempt WHERE message_id IN (SELECT id FROM gone)
 )
-SELECT id FROM gone ORDER BY id
+SELECT id, queue_id FROM gone ORDER BY id
 """  # noqa: S608
 
 
@@ -85,7 +87,10 @@ def messages_discard(*, message_ids: Sequence[int]) -> list[int]:
     which records the audit events; returns the ids deleted."""
     with connection.cursor() as cursor:
         cursor.execute(_DISCARD_SQL, {"ids": list(message_ids)})
-        return [message_id for (message_id,) in cursor.fetchall()]
+        rows = cursor.fetchall()
+    for queue_id, count in Counter(queue_id for _, queue_id in rows).items():
+        minute_count_on_commit(queue_id=queue_id, discarded=count)
+    return [message_id for message_id, _ in rows]
 
 
 def _target(queue_name: str) -> Queue:

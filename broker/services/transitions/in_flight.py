@@ -18,6 +18,7 @@ queue and the other suspects go on."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from broker.models import MAX_SUSPECT_DELAY_SECONDS
+from broker.services.stats import minute_count_on_commit, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
 from broker.services.transitions.table import Transition, guard
@@ -54,12 +56,15 @@ RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
 
 # Joined on the ids (primary key lookups) rather than "id = ANY(…)", which the
 # planner may combine with a scan of message_in_flight_idx and its dead entries.
+# Returns each message's time from its publish to this ack, on the database's
+# clock (the delivery latency /metrics shows).
 ACK_SQL = f"""
 UPDATE broker_message AS m
 SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
     updated_at = now()
 FROM unnest(%(ids)s::bigint[]) AS a(id)
 WHERE m.id = a.id AND {guard(T.ACK)} AND m.lease_owner = %(owner)s
+RETURNING extract(epoch FROM now() - m.created_at)::float8
 """  # noqa: S608
 
 _RETRY_SQL = f"""
@@ -98,14 +103,14 @@ WHERE m.id = d.id
 # message_in_flight_idx (state = 'DLNG').
 _REQUEUE_UNANSWERED_SQL = f"""
 WITH ended AS (
-    SELECT m.id, m.lease_owner = ANY(%(dead)s) AND m.lease_deadline >= now() AS crashed
+    SELECT m.id, m.lease_owner, m.lease_owner = ANY(%(dead)s) AND m.lease_deadline >= now() AS crashed
     FROM broker_message AS m
     WHERE {guard(T.REQUEUE_UNANSWERED)}
       AND (m.lease_deadline < now() - make_interval(secs => %(overdue)s)
            OR m.lease_owner = ANY(%(dead)s))
     FOR UPDATE SKIP LOCKED
 ), counted AS (
-    SELECT m.id, e.crashed,
+    SELECT m.id, e.crashed, e.lease_owner,
            m.crash_count + e.crashed::int AS crash_count,
            m.timeout_count + (NOT e.crashed)::int AS timeout_count
     FROM ended AS e JOIN broker_message AS m ON m.id = e.id
@@ -124,7 +129,7 @@ SET state = 'TBDL', suspect = true, crash_count = c.crash_count,
 FROM counted AS c, broker_queue AS q
 WHERE m.id = c.id AND q.id = m.queue_id
 RETURNING m.id, m.queue_id, c.crashed, m.crash_count, m.timeout_count, m.attempts,
-          q.crash_threshold, q.poison_limit
+          q.crash_threshold, q.poison_limit, q.name, c.lease_owner
 """  # noqa: S608
 
 
@@ -167,6 +172,9 @@ class Unanswered:
     attempts: int
     crash_threshold: int
     poison_limit: int
+    queue_name: str = ""
+    # The lease this delivery ended under: the worker (host:pid) that had it.
+    lease_owner: str = ""
 
     @property
     def retransmissions(self) -> int:
@@ -207,9 +215,15 @@ def messages_ack(*, message_ids: Sequence[int], owner: str) -> int:
     """DLNG -> DLVD for the messages still leased to ``owner``: their
     consumer handled them. Runs in the caller's transaction; returns how
     many were acknowledged."""
+    return len(messages_ack_latencies(message_ids=message_ids, owner=owner))
+
+
+def messages_ack_latencies(*, message_ids: Sequence[int], owner: str) -> list[float]:
+    """As ``messages_ack``; returns, for each message acknowledged, the
+    seconds from its publish to this ack."""
     with connection.cursor() as cursor:
         cursor.execute(ACK_SQL, {"ids": list(message_ids), "owner": owner})
-        return cursor.rowcount
+        return [seconds for (seconds,) in cursor.fetchall()]
 
 
 def messages_retry(*, retries: Sequence[Retry], owner: str) -> int:
@@ -277,6 +291,9 @@ def dead_letter_locked(
         )
     if moves:
         cursor.execute(_DEAD_LETTER_SQL, {"rows": json.dumps(moves)})
+        moved_from = Counter(queue_name for _, queue_name, target, *_ in rows if target is not None)
+        for name, queue_id in queue_ids_by_name(moved_from).items():
+            minute_count_on_commit(queue_id=queue_id, dead_lettered=moved_from[name])
     return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
 
 
