@@ -232,10 +232,14 @@ def _settle(
             outcome.acked = len(latencies)
         outcome.retried = messages_retry(retries=retries, owner=owner)
         outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
-    for message_id in acked:
-        logger.debug(
-            "message %s on %s delivered", message_id, queue.name, extra=_fields(queue, message_id)
-        )
+    if logger.isEnabledFor(logging.DEBUG):  # one line per ack: not on the hot path otherwise
+        for message_id in acked:
+            logger.debug(
+                "message %s on %s delivered",
+                message_id,
+                queue.name,
+                extra=_fields(queue, message_id),
+            )
     for message, error, then in answers:
         logger.info(
             "message %s on %s, attempt %s: %s; %s",
