@@ -133,3 +133,9 @@ class RulesInvalid(BrokerError):
     def __init__(self, detail: str, *, errors: list[dict[str, object]]) -> None:
         super().__init__(detail)
         self.errors = errors
+
+
+class NoActiveRules(BrokerError):
+    """A dead-letter queue with no active rules table cannot be scanned."""
+
+    code = "no_active_rules"

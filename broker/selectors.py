@@ -292,10 +292,8 @@ class AuditFilter:
     message_id: int | None = None
 
 
-def audit_page(
-    *, filters: AuditFilter, before: int | None = None, size: int = 100
-) -> tuple[list[AuditEvent], int | None]:
-    """Newest first, keyset on the id; returns the events and the next cursor."""
+def audit_events(filters: AuditFilter) -> QuerySet[AuditEvent]:
+    """The events ``filters`` select, unordered."""
     events = AuditEvent.objects.all()
     if filters.actor:
         events = events.filter(actor_name=filters.actor)
@@ -305,6 +303,14 @@ def audit_page(
         events = events.filter(queue_name=filters.queue)
     if filters.message_id is not None:
         events = events.filter(message_id=filters.message_id)
+    return events
+
+
+def audit_page(
+    *, filters: AuditFilter, before: int | None = None, size: int = 100
+) -> tuple[list[AuditEvent], int | None]:
+    """Newest first, keyset on the id; returns the events and the next cursor."""
+    events = audit_events(filters)
     if before:
         events = events.filter(id__lt=before)
     found = list(events.order_by("-id")[: size + 1])

@@ -140,6 +140,27 @@ def env_float(name: str, default: float, minimum: float = 0.05) -> float:
     return number
 
 
+_RATE = re.compile(r"^[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)$")
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate as DRF writes it: ``N/s``, ``N/min``, ``N/hour``, ``N/day``."""
+    value = _raw(name)
+    if not value:
+        return default
+    if not _RATE.match(value):
+        raise _bad(name, value, "N/s, N/min, N/hour or N/day with N a whole number above 0")
+    return value
+
+
+def next_redis_database(url: str) -> str:
+    """``url`` with the next of Redis's 16 databases (0 when it names none)."""
+    parts = urlsplit(url)
+    current = parts.path.strip("/")
+    number = int(current) if current.isdigit() else 0
+    return parts._replace(path=f"/{(number + 1) % 16}").geturl()
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """One of ``choices`` (case-insensitive), returned in lower case."""
     value = _raw(name)

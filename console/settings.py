@@ -18,9 +18,11 @@ from console.env import (
     env_list,
     env_networks,
     env_path,
+    env_rate,
     env_redis_url,
     env_spark_master,
     env_str,
+    next_redis_database,
 )
 from console.logs import LOG_FORMATS, configure_structlog, logging_config
 
@@ -76,7 +78,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -159,15 +160,33 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an anonymous API call is answered 401 with a
         # WWW-Authenticate header rather than 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "console.api.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.roles.HasRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["console.api.parsers.JSONParser"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["console.api.throttles.ClientRateThrottle"],
+}
+
+# Each API token (or console user) may make this many requests per second,
+# minute, hour or day ("N/s", "N/min", "N/hour", "N/day"); more are answered
+# 429 with Retry-After. The count lives in the cache below, shared by every
+# web process.
+LAZARETTO_API_RATE = env_rate("LAZARETTO_API_RATE", "6000/min")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # By default the broker's Redis, one database up: a cache may be
+        # cleared, the broker's queues never.
+        "LOCATION": env_redis_url("CACHE_URL", next_redis_database(CELERY_BROKER_URL)),
+        "KEY_PREFIX": "lazaretto",
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+    }
 }
 
 SPECTACULAR_SETTINGS = {
@@ -179,6 +198,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.api.schema.add_error_responses",
+    ],
 }
 
 # LOG_FORMAT=json: every line of every process (web, workers, beat) one JSON

@@ -13,6 +13,7 @@ from console.views import (
     ops,
     queues,
     replay,
+    tokens,
     topics,
 )
 
@@ -48,6 +49,8 @@ urlpatterns = [
     path("blacklist/bulk/", blacklist.blacklist_bulk, name="blacklist-bulk"),
     path("jobs/<int:job_id>/", blacklist.bulk_job_page, name="bulk-job"),
     path("audit/", audit.audit_log, name="audit"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", tokens.token_revoke_view, name="token-revoke"),
     path("replay/", replay.replay_jobs, name="replay-jobs"),
     path("replay/new/", replay.replay_new, name="replay-new"),
     path("replay/preview/", replay.replay_preview_view, name="replay-preview"),
@@ -97,4 +100,7 @@ urlpatterns = [
     ),
 ]
 
+handler400 = "console.views.common.bad_request"
+handler403 = "console.views.common.permission_denied"
 handler404 = "console.views.common.not_found"
+handler500 = "console.views.common.server_error"

@@ -13,13 +13,13 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection, connections
 from pytest_django import DjangoDbBlocker
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from broker.consumers import load_consumer_modules
 from broker.models import Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from console.tokens import token_create
 from tests.harness import RedisServer, Workers, database_url_for_workers, point_celery_at
 
 # The suite's consumers are the demo's, a consumer module like any user's:
@@ -57,7 +57,8 @@ def outsider(db: None) -> User:
 
 def _client(user: User) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    _token, key = token_create(user=user, name="tests")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

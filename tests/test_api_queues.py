@@ -138,7 +138,7 @@ def test_an_admin_updates_settings(admin_api, orders):
     assert orders.paused is True
     assert orders.batch_size == 5
     event = AuditEvent.objects.get(action="queue_update")
-    assert event.details == {"changed": ["batch_size", "paused"]}
+    assert event.details == {"changed": ["batch_size", "paused"], "via_token": "tests"}
 
 
 def test_a_queue_cannot_be_renamed(admin_api, orders):

@@ -30,10 +30,10 @@ def one(queue_name: str, payload: bytes = b"m") -> list[int]:
 
 @pytest.mark.slow
 def test_20_concurrent_publishers_never_push_a_reject_new_queue_past_its_limit(live_server, admin):
-    from rest_framework.authtoken.models import Token
+    from console.tokens import token_create
 
     queue_create(name="LIMITED.Q", max_messages=1000, overflow="reject_new")
-    token = Token.objects.create(user=admin).key
+    _, token = token_create(user=admin, name="publishers")
     url = f"{live_server.url}/api/v1/queues/LIMITED.Q/messages/"
     body = json.dumps({"messages": [{"payload": "x"}] * 5}).encode()
     outcomes: Counter[int] = Counter()

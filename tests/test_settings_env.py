@@ -33,6 +33,10 @@ def start(**overrides: str) -> subprocess.CompletedProcess[str]:
         ("SPARK_MASTER", "everywhere"),
         ("ALLOWED_HOSTS", "a,,b"),
         ("API_MAX_BODY_BYTES", "lots"),
+        ("LAZARETTO_API_RATE", "fast"),
+        ("LAZARETTO_API_RATE", "0/min"),
+        ("LAZARETTO_API_RATE", "10/fortnight"),
+        ("CACHE_URL", "memcached://cache:11211"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
@@ -76,3 +80,18 @@ def test_good_values_start(tmp_path):
     )
 
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("broker", "cache"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/1"),
+        ("redis://:secret@redis:6380/4", "redis://:secret@redis:6380/5"),
+        ("redis://redis:6379", "redis://redis:6379/1"),
+        ("redis://redis:6379/15", "redis://redis:6379/0"),
+    ],
+)
+def test_the_cache_defaults_to_the_brokers_redis_one_database_up(broker, cache):
+    from console.env import next_redis_database
+
+    assert next_redis_database(broker) == cache

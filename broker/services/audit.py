@@ -30,9 +30,13 @@ class AuditEntry:
 
 def audit_record_many(*, entries: Iterable[AuditEntry], actor: Actor = None) -> list[AuditEvent]:
     """Write the events of one action in one statement, all by ``actor``
-    (None: the system acted)."""
+    (None: the system acted). A user who signed the request with an API token
+    carries the token's name as ``api_token_name``; the events record it in
+    ``details["via_token"]``."""
     user = actor if isinstance(actor, User) else None
     name = user.get_username() if user is not None else SYSTEM_ACTOR
+    token = getattr(user, "api_token_name", None)
+    via = {"via_token": token} if token else {}
     return AuditEvent.objects.bulk_create(
         AuditEvent(
             actor=user,
@@ -41,7 +45,7 @@ def audit_record_many(*, entries: Iterable[AuditEntry], actor: Actor = None) -> 
             queue_name=entry.queue_name,
             message_id=entry.message_id,
             reason=entry.reason,
-            details=entry.details,
+            details={**entry.details, **via},
         )
         for entry in entries
     )

@@ -37,6 +37,7 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.QueueInUse: status.HTTP_409_CONFLICT,
     broker_errors.IllegalTransition: status.HTTP_409_CONFLICT,
     broker_errors.ReplayJobBusy: status.HTTP_409_CONFLICT,
+    broker_errors.NoActiveRules: status.HTTP_409_CONFLICT,
 }
 
 DRF_CODES: dict[type[exceptions.APIException], str] = {

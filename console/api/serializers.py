@@ -18,25 +18,49 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
 from broker.models import (
+    QUEUE_NAME_MAX_LENGTH,
+    AuditEvent,
+    BulkJob,
     Message,
+    MessageState,
     Queue,
     ReplayJob,
     ReplaySource,
     RuleTable,
     Subscription,
     Topic,
+    queue_name_validator,
 )
+from broker.rules import LAZARETTO_REASONS
 from broker.selectors import (
+    AuditFilter,
     LimitState,
+    MessageFilter,
     QueueSummary,
     SubscriptionSummary,
     dead_letter_queue_list,
     topic_list,
 )
+from broker.services.archive import ArchivedMessage
+from broker.services.bulk import MAX_SELECTED
+from broker.services.dead_letters import ScanResult
 from broker.services.publish import MAX_DELAY_SECONDS, MAX_EXPIRY_SECONDS, NewMessage
 from broker.services.queues import QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.replay import MAX_VELOCITY, ReplayFilter, ReplaySpec
 from broker.services.rule_tables import rule_table_report
+from broker.services.transitions.blacklist import TRIAGE_ACTIONS
+from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
+
+
+class NameRelatedField(serializers.SlugRelatedField):
+    """A related object by its name; a name no object can have (one with a
+    NUL, which PostgreSQL text refuses) does not exist rather than fail."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        return super().to_internal_value(data)
+
 
 # Each resource with a depth has two serializers: the model serializer parses
 # what a client sends; the summary serializer answers with a summary from
@@ -74,7 +98,7 @@ class WebhookTimeoutField(serializers.FloatField):
 class QueueSerializer(serializers.ModelSerializer[Queue]):
     """A queue's name and settings."""
 
-    dead_letter_queue = serializers.SlugRelatedField(
+    dead_letter_queue = NameRelatedField(
         slug_field="name",
         queryset=dead_letter_queue_list(),
         allow_null=True,
@@ -162,7 +186,7 @@ class TopicSerializer(serializers.ModelSerializer[Topic]):
 class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
     """A subscription of a queue to a topic."""
 
-    topic = serializers.SlugRelatedField(slug_field="name", queryset=topic_list())
+    topic = NameRelatedField(slug_field="name", queryset=topic_list())
     queue = serializers.CharField(
         source="queue.name",
         max_length=48,
@@ -406,7 +430,7 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
 
 
 class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
-    queue = serializers.SlugRelatedField(slug_field="name", queryset=dead_letter_queue_list())
+    queue = NameRelatedField(slug_field="name", queryset=dead_letter_queue_list())
     text = serializers.CharField(trim_whitespace=False, help_text="The table in runmqdlq syntax.")
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     validation = serializers.SerializerMethodField(
@@ -440,12 +464,21 @@ class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
         return rule_table_report(text=table.text, queue=table.queue)
 
 
+class RuleTableQuerySerializer(serializers.Serializer[dict[str, str]]):
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        required=False,
+        validators=[queue_name_validator],
+        help_text="Only this dead-letter queue's versions.",
+    )
+
+
 class RuleTableTextSerializer(serializers.Serializer[dict[str, str]]):
     text = serializers.CharField(trim_whitespace=False)
 
 
 class RollbackSerializer(serializers.Serializer[dict[str, Queue]]):
-    queue = serializers.SlugRelatedField(slug_field="name", queryset=dead_letter_queue_list())
+    queue = NameRelatedField(slug_field="name", queryset=dead_letter_queue_list())
 
 
 # --- replay jobs -------------------------------------------------------------
@@ -648,3 +681,237 @@ class ReplayJobSerializer(serializers.ModelSerializer[ReplayJob]):
 
 class ReplayPreviewSerializer(serializers.Serializer[dict[str, int]]):
     count = serializers.IntegerField(help_text="Messages the filter matches, before any rules.")
+
+
+# --- triage: messages, dead letters, bulk jobs, audit, tokens -----------------
+
+REASON_CHOICES = sorted(LAZARETTO_REASONS)
+
+
+class MessageQuerySerializer(serializers.Serializer[MessageFilter]):
+    """The message browser's filters as query parameters; blank means any."""
+
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, required=False, validators=[queue_name_validator]
+    )
+    state = serializers.ChoiceField(choices=MessageState.choices, required=False)
+    reason = serializers.ChoiceField(
+        choices=REASON_CHOICES, required=False, help_text="The dead-letter header's reason."
+    )
+    since = serializers.DateTimeField(required=False, help_text="Published at or after.")
+    until = serializers.DateTimeField(required=False, help_text="Published before.")
+    header = serializers.RegexField(
+        r"^[^=]+=.*$",
+        max_length=200,
+        required=False,
+        help_text="`name=value`: messages whose headers hold that pair.",
+        error_messages={"invalid": "Write it as name=value."},
+    )
+    text = serializers.CharField(
+        max_length=200, required=False, trim_whitespace=False, help_text="Payload contains."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until <= since:
+            raise serializers.ValidationError({"until": ["Must be after since."]})
+        return attrs
+
+    def message_filter(self) -> MessageFilter:
+        return MessageFilter(**self.validated_data)
+
+
+class ReasonSerializer(serializers.Serializer[dict[str, str]]):
+    reason = serializers.CharField(
+        max_length=500, required=False, default="", help_text="Why, for the audit log."
+    )
+
+
+class ForwardSerializer(ReasonSerializer):
+    queue = serializers.CharField(max_length=QUEUE_NAME_MAX_LENGTH, help_text="The target queue.")
+    keep_header = serializers.BooleanField(
+        default=True, help_text="Keep the dead-letter header on the forwarded message."
+    )
+
+
+class ResubmitSerializer(MessageInSerializer):
+    # A corrected copy is published at once and never expires.
+    delay_seconds = None  # type: ignore[assignment]
+    expires_in_seconds = None  # type: ignore[assignment]
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        required=False,
+        help_text="Where to publish the copy; default: the original's queue, or for a "
+        "dead-lettered message the queue its header names.",
+    )
+
+
+class ResubmitResultSerializer(serializers.Serializer[dict[str, int]]):
+    id = serializers.IntegerField(help_text="The new message's id.")
+
+
+class BulkRequestSerializer(serializers.Serializer[dict[str, Any]]):
+    action = serializers.ChoiceField(choices=sorted(TRIAGE_ACTIONS))
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        required=False,
+        min_length=1,
+        max_length=MAX_SELECTED,
+        help_text="Blacklisted messages to act on; or give `filter`.",
+    )
+    filter = MessageQuerySerializer(
+        required=False, help_text="Act on every blacklisted message the filter selects."
+    )
+    reason = serializers.CharField(max_length=500, required=False, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("ids" in attrs) == ("filter" in attrs):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Give either ids or filter, not both or neither."]}
+            )
+        return attrs
+
+
+class BulkJobSerializer(serializers.ModelSerializer[BulkJob]):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    percent = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = BulkJob
+        fields = [
+            "id",
+            "action",
+            "filters",
+            "reason",
+            "status",
+            "total",
+            "done",
+            "percent",
+            "error",
+            "created_by",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class ConfirmSerializer(serializers.Serializer[dict[str, str]]):
+    confirm = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, help_text="The queue's name, repeated."
+    )
+
+
+class PurgeResultSerializer(serializers.Serializer[dict[str, int]]):
+    deleted = serializers.IntegerField()
+
+
+class GroupCountSerializer(serializers.Serializer[tuple[str, int]]):
+    key = serializers.CharField()
+    count = serializers.IntegerField()
+
+
+class DeadLetterQueueSerializer(serializers.Serializer[dict[str, Any]]):
+    queue = QueueSummarySerializer()
+    active_rule_table = serializers.IntegerField(
+        allow_null=True, help_text="The id of the active rules table version, if any."
+    )
+    by_reason = GroupCountSerializer(many=True)
+    by_original_queue = GroupCountSerializer(many=True)
+
+
+class ScanResultSerializer(serializers.Serializer[ScanResult]):
+    examined = serializers.IntegerField()
+    retried = serializers.IntegerField()
+    forwarded = serializers.IntegerField()
+    discarded = serializers.IntegerField()
+    ignored = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class AuditQuerySerializer(serializers.Serializer[AuditFilter]):
+    actor = serializers.CharField(max_length=150, required=False)
+    action = serializers.CharField(max_length=64, required=False)
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, required=False, validators=[queue_name_validator]
+    )
+    message_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+
+    def audit_filter(self) -> AuditFilter:
+        return AuditFilter(**self.validated_data)
+
+
+class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+    actor = serializers.CharField(source="actor_name", read_only=True)
+    queue = serializers.CharField(source="queue_name", read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "created_at", "actor", "action", "queue", "message_id", "reason", "details"]
+        read_only_fields = fields
+
+
+class TokenSerializer(serializers.ModelSerializer[ApiToken]):
+    user = serializers.CharField(source="user.username", read_only=True)
+    name = serializers.CharField(max_length=TOKEN_NAME_MAX_LENGTH)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "user", "prefix", "created_at", "last_used_at"]
+        read_only_fields = ["id", "user", "prefix", "created_at", "last_used_at"]
+
+
+class NewTokenSerializer(TokenSerializer):
+    key = serializers.CharField(
+        read_only=True,
+        help_text="The key, shown this once: send it as `Authorization: Token <key>`.",
+    )
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "key"]
+        read_only_fields = [*TokenSerializer.Meta.read_only_fields, "key"]
+
+
+class ArchiveQuerySerializer(serializers.Serializer[dict[str, Any]]):
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, validators=[queue_name_validator]
+    )
+    since = serializers.DateTimeField(required=False, help_text="Published at or after.")
+    until = serializers.DateTimeField(required=False, help_text="Published before.")
+    before_id = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, required=False, help_text="The next page: ids below."
+    )
+    page_size = serializers.IntegerField(min_value=1, max_value=500, default=100)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until <= since:
+            raise serializers.ValidationError({"until": ["Must be after since."]})
+        return attrs
+
+
+class ArchivedMessageSerializer(serializers.Serializer[ArchivedMessage]):
+    id = serializers.IntegerField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=MessageState.choices)
+    payload = serializers.SerializerMethodField()
+    payload_encoding = serializers.SerializerMethodField()
+    content_type = serializers.CharField()
+    headers = serializers.DictField()
+    dead_letter = serializers.DictField(allow_null=True)
+    put_application = serializers.CharField()
+    put_user = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def get_payload(self, message: ArchivedMessage) -> str:
+        return payload_text(message.payload)[0]
+
+    def get_payload_encoding(self, message: ArchivedMessage) -> str:
+        return payload_text(message.payload)[1]
+
+
+class ArchivePageSerializer(serializers.Serializer[dict[str, Any]]):
+    results = ArchivedMessageSerializer(many=True)
+    next_before_id = serializers.IntegerField(
+        allow_null=True, help_text="Pass as `before_id` for the next page; null on the last."
+    )

@@ -1,21 +1,86 @@
-from django.urls import path
+from django.urls import path, register_converter
 
-from console.api import views
+from console.api import tokens, triage, views
+
+
+class NameConverter:
+    """A queue, topic or subscription name in a path: any characters but
+    NUL, '/' included (queue names may hold one). A NUL, which no name can
+    hold, resolves nowhere: 404."""
+
+    regex = "[^\x00]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(NameConverter, "name")
 
 urlpatterns = [
     path("queues/", views.QueueListView.as_view(), name="api-queues"),
+    # Actions on a queue come before the queue itself: "A/pause/" is queue A's
+    # pause, not a queue named "A/pause".
+    path(
+        "queues/<name:name>/pause/",
+        triage.QueuePauseView.as_view(paused=True),
+        name="api-queue-pause",
+    ),
+    path(
+        "queues/<name:name>/resume/",
+        triage.QueuePauseView.as_view(paused=False),
+        name="api-queue-resume",
+    ),
+    path("queues/<name:name>/purge/", triage.QueuePurgeView.as_view(), name="api-queue-purge"),
     # Queue names may contain '/', so the name is a path segment run; the
     # messages route comes first so "A/B/messages/" means queue "A/B".
     path(
-        "queues/<path:name>/messages/", views.QueueMessagesView.as_view(), name="api-queue-messages"
+        "queues/<name:name>/messages/", views.QueueMessagesView.as_view(), name="api-queue-messages"
     ),
-    path("queues/<path:name>/", views.QueueDetailView.as_view(), name="api-queue"),
+    path("queues/<name:name>/", views.QueueDetailView.as_view(), name="api-queue"),
+    path("messages/", triage.MessageListView.as_view(), name="api-messages"),
+    path("messages/bulk/", triage.BulkJobCreateView.as_view(), name="api-messages-bulk"),
     path("messages/<int:message_id>/", views.MessageDetailView.as_view(), name="api-message"),
+    *(
+        path(
+            f"messages/<int:message_id>/{action}/",
+            triage.MessageActionView.as_view(operation=action),
+            name=f"api-message-{action}",
+        )
+        for action in ("release", "fail", "purge", "retry", "discard")
+    ),
+    path(
+        "messages/<int:message_id>/forward/",
+        triage.MessageForwardView.as_view(),
+        name="api-message-forward",
+    ),
+    path(
+        "messages/<int:message_id>/resubmit/",
+        triage.MessageResubmitView.as_view(),
+        name="api-message-resubmit",
+    ),
+    path("jobs/<int:job_id>/", triage.JobDetailView.as_view(), name="api-job"),
+    path(
+        "dead-letter-queues/<name:name>/apply/",
+        triage.DeadLetterApplyView.as_view(),
+        name="api-dead-letter-queue-apply",
+    ),
+    path(
+        "dead-letter-queues/<name:name>/",
+        triage.DeadLetterQueueView.as_view(),
+        name="api-dead-letter-queue",
+    ),
+    path("audit/", triage.AuditListView.as_view(), name="api-audit"),
+    path("archive/", triage.ArchiveSearchView.as_view(), name="api-archive"),
+    path("tokens/", tokens.TokenListView.as_view(), name="api-tokens"),
+    path("tokens/<int:token_id>/", tokens.TokenDetailView.as_view(), name="api-token"),
     path("topics/", views.TopicListView.as_view(), name="api-topics"),
     path(
-        "topics/<path:name>/messages/", views.TopicPublishView.as_view(), name="api-topic-publish"
+        "topics/<name:name>/messages/", views.TopicPublishView.as_view(), name="api-topic-publish"
     ),
-    path("topics/<path:name>/", views.TopicDetailView.as_view(), name="api-topic"),
+    path("topics/<name:name>/", views.TopicDetailView.as_view(), name="api-topic"),
     path("subscriptions/", views.SubscriptionListView.as_view(), name="api-subscriptions"),
     path("rule-tables/", views.RuleTableListView.as_view(), name="api-rule-tables"),
     path(
@@ -44,7 +109,7 @@ urlpatterns = [
         for action in ("cancel", "run")
     ),
     path(
-        "subscriptions/<path:name>/",
+        "subscriptions/<name:name>/",
         views.SubscriptionDetailView.as_view(),
         name="api-subscription",
     ),

@@ -9,7 +9,7 @@ from typing import Any
 
 import django_filters
 from django.db.models import F, Func, IntegerField, QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
@@ -64,6 +64,7 @@ from broker.services.topics import (
     topic_delete,
     topic_get,
 )
+from console.api.schema import ERROR
 from console.api.serializers import (
     MessageListSerializer,
     MessageSerializer,
@@ -75,6 +76,7 @@ from console.api.serializers import (
     ReplayPreviewSerializer,
     ReplaySpecSerializer,
     RollbackSerializer,
+    RuleTableQuerySerializer,
     RuleTableSerializer,
     RuleTableTextSerializer,
     SubscriptionSerializer,
@@ -85,7 +87,24 @@ from console.api.serializers import (
 )
 from console.roles import Role
 
-ERROR = OpenApiResponse(description='Error: `{"code", "detail", "field_errors"?}`')
+PUBLISH_EXAMPLES = [
+    OpenApiExample(
+        "One message",
+        value={"payload": '{"order": 1017}', "content_type": "application/json"},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "A batch, with headers, priority and expiry",
+        value={
+            "messages": [
+                {"payload": "first", "headers": {"tenant": "acme"}, "priority": 7},
+                {"payload": "AAEC", "payload_encoding": "base64", "expires_in_seconds": 3600},
+            ]
+        },
+        request_only=True,
+    ),
+    OpenApiExample("Stored", value={"count": 2, "ids": [5012, 5013]}, response_only=True),
+]
 
 
 def as_batch(data: Any) -> Any:
@@ -167,7 +186,18 @@ class NewestFirst(CursorPagination):
     ordering = "-id"
     page_size = 100
     page_size_query_param = "page_size"
-    max_page_size = 1000
+    max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        if not raw.isdigit() or not 1 <= int(raw) <= self.max_page_size:
+            problem = f"A whole number from 1 to {self.max_page_size}."
+            raise InvalidInput(
+                f"page_size: {problem}", field_errors={self.page_size_query_param: [problem]}
+            )
+        return int(raw)
 
 
 class QueueMessagesView(ListAPIView[Message]):
@@ -193,6 +223,7 @@ class QueueMessagesView(ListAPIView[Message]):
     @extend_schema(
         request=PublishSerializer,
         responses={201: PublishResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR, 413: ERROR},
+        examples=PUBLISH_EXAMPLES,
         description=(
             "Publish one message (a message object) or a batch of up to 1000 "
             '(`{"messages": [...]}` or a JSON array), all or nothing.'
@@ -248,6 +279,13 @@ class TopicPublishView(APIView):
     @extend_schema(
         request=TopicPublishSerializer,
         responses={201: TopicPublishResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR},
+        examples=[
+            OpenApiExample(
+                "On a topic string below the topic",
+                value={"topic_string": "orders/eu/paid", "payload": '{"order": 1017}'},
+                request_only=True,
+            )
+        ],
         description=(
             "Publish on the topic (or on `topic_string` below it): one copy per matching "
             "subscription, all or nothing. A full reject_new subscription refuses the whole "
@@ -349,8 +387,14 @@ class RuleTableListView(ListAPIView[RuleTable]):
         tables = RuleTable.objects.select_related("queue", "created_by").order_by(
             "queue", "-version"
         )
-        queue = self.request.query_params.get("queue")
+        query = RuleTableQuerySerializer(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        queue = query.validated_data.get("queue")
         return tables.filter(queue__name=queue) if queue else tables
+
+    @extend_schema(parameters=[RuleTableQuerySerializer])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         request=RuleTableSerializer,

@@ -15,13 +15,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.messages.storage.base import Message
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views import defaults
 from django_htmx.middleware import HtmxDetails
 
 from broker.errors import BrokerError, NotFound
-from console.api.errors import not_found_json
+from console.api.errors import error_body, not_found_json
 from console.roles import Role, user_role
 
 
@@ -79,6 +80,30 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     detail = exception.args[0] if exception is not None and exception.args else ""
     context = {"detail": detail if isinstance(detail, str) else ""}
     return render(request, "404.html", context, status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: the error body under /api/, else Django's plain 500 page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            error_body("server_error", "The server failed to answer; the error is logged."),
+            status=500,
+        )
+    return defaults.server_error(request)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler400 (e.g. a request for a host not in ALLOWED_HOSTS)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("bad_request", "The request is not valid."), status=400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler403 for pages outside DRF (DRF answers its own 403s)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("permission_denied", "You may not do this."), status=403)
+    return defaults.permission_denied(request, exception)
 
 
 # --- broker errors --------------------------------------------------------------
