@@ -98,6 +98,10 @@ def logging_config(*, log_format: str, level: str = "INFO") -> dict[str, Any]:
             "django.server": {"handlers": [], "level": level, "propagate": True},
             "gunicorn.error": {"handlers": [], "level": level, "propagate": True},
             "gunicorn.access": {"handlers": [], "level": level, "propagate": True},
+            # billiard (Celery's pool) logs a pool process's death here and
+            # turns the logger's propagation off, so it needs the handler
+            # itself; without one Python prints the bare message.
+            "multiprocessing": {"handlers": ["console"], "level": level, "propagate": False},
             "django.db.backends": {"level": "WARNING"},
             # httpx logs every request with its full URL, which for webhooks
             # may carry a token; the consumers and the alarm notifier log
