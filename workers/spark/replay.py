@@ -138,11 +138,16 @@ class Replay:
     def run(self) -> None:
         replay_stage_clear(job_id=self.job.id)
         if self.from_archive:
-            frame = self._archive_frame()
-            total = frame.count()
-            self._report(total=total)
-            if total:
-                self._slice(frame, 0, MAX_ID)
+            # Kept (memory, then disk) so the count and the routing read the
+            # Parquet files once.
+            frame = self._archive_frame().persist()
+            try:
+                total = frame.count()
+                self._report(total=total)
+                if total:
+                    self._slice(frame, 0, MAX_ID)
+            finally:
+                frame.unpersist()
             return
         source = source_range(self.spec)
         self._report(total=source.rows)
