@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import F, Func, IntegerField, QuerySet
+from django.db.models import QuerySet
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -62,7 +62,7 @@ from console.api.serializers import (
     ResubmitSerializer,
     ScanResultSerializer,
 )
-from console.api.views import NewestFirst, queue_json
+from console.api.views import NewestFirst, listed, queue_json
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
 
@@ -88,16 +88,7 @@ class MessageListView(ListAPIView[Message]):
 
     def get_queryset(self) -> QuerySet[Message]:
         query = parsed(MessageQuerySerializer, self.request.query_params)
-        return (
-            filtered_messages(query.message_filter())
-            .select_related("queue")
-            .defer("payload")
-            .annotate(
-                payload_bytes=Func(
-                    F("payload"), function="octet_length", output_field=IntegerField()
-                )
-            )
-        )
+        return listed(filtered_messages(query.message_filter()))
 
     @extend_schema(
         parameters=[MessageQuerySerializer], responses={200: MessageListSerializer, 400: ERROR}

@@ -179,6 +179,18 @@ class MessageFilter(django_filters.FilterSet):
         fields = ["state", "created_after", "created_before"]
 
 
+def listed(messages: QuerySet[Message]) -> QuerySet[Message]:
+    """``messages`` as a list shows them: with their queue and payload size,
+    without the payload itself."""
+    return (
+        messages.select_related("queue")
+        .defer("payload")
+        .annotate(
+            payload_bytes=Func(F("payload"), function="octet_length", output_field=IntegerField())
+        )
+    )
+
+
 class NewestFirst(CursorPagination):
     """Keyset pagination on the message id (index message_queue_id_idx):
     every page costs the same however deep the reader goes."""
@@ -208,17 +220,7 @@ class QueueMessagesView(ListAPIView[Message]):
     pagination_class = NewestFirst
 
     def get_queryset(self) -> QuerySet[Message]:
-        queue = queue_get(name=self.kwargs["name"])
-        return (
-            Message.objects.filter(queue=queue)
-            .select_related("queue")
-            .defer("payload")
-            .annotate(
-                payload_bytes=Func(
-                    F("payload"), function="octet_length", output_field=IntegerField()
-                )
-            )
-        )
+        return listed(Message.objects.filter(queue=queue_get(name=self.kwargs["name"])))
 
     @extend_schema(
         request=PublishSerializer,
