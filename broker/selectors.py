@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.db.models import (
@@ -243,10 +243,11 @@ def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
         rows = rows.filter(state=filters.state)
     if filters.reason:
         rows = rows.filter(dead_letter__reason=filters.reason)
+    # In UTC: Python takes offsets up to ±23:59, PostgreSQL only to ±15:59.
     if filters.since:
-        rows = rows.filter(created_at__gte=filters.since)
+        rows = rows.filter(created_at__gte=filters.since.astimezone(UTC))
     if filters.until:
-        rows = rows.filter(created_at__lt=filters.until)
+        rows = rows.filter(created_at__lt=filters.until.astimezone(UTC))
     if filters.header:
         name, _, value = filters.header.partition("=")
         rows = rows.filter(headers__contains={name.strip(): value.strip()})

@@ -195,3 +195,33 @@ def test_hostile_path_values_are_404_not_500(admin_api, seeded):
         assert answer.status_code == 404, path
         assert answer.json()["code"].endswith("not_found")
     assert snapshot() == seeded
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/api/v1/messages/", "since"),
+        ("/api/v1/messages/", "until"),
+        ("/api/v1/queues/ORDERS.IN/messages/", "created_after"),
+        ("/api/v1/queues/ORDERS.IN/messages/", "created_before"),
+        ("/api/v1/archive/?queue=ORDERS.IN", "since"),
+    ],
+)
+def test_a_time_offset_postgresql_does_not_take_is_compared_in_utc(admin_api, seeded, path, name):
+    """Python takes offsets up to ±23:59, PostgreSQL only to ±15:59."""
+    joiner = "&" if "?" in path else "?"
+
+    answer = admin_api.get(f"{path}{joiner}{name}=2000-01-01T00:00:00-23:00")
+
+    assert answer.status_code == 200
+
+
+def test_the_console_browser_takes_such_an_offset_too(admin, seeded):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin)
+
+    answer = client.get("/messages/", {"since": "2000-01-01T00:00:00-23:00"})
+
+    assert answer.status_code == 200

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -199,10 +199,13 @@ def source_predicate(spec: ReplaySpec, *, all_filters: bool) -> sql.Composed:
         parts.append(sql.SQL("m.state = {}").format(sql.Literal(_SOURCE_STATES[spec.source])))
         if window.queues:
             parts.append(sql.SQL("q.name = ANY({})").format(sql.Literal(list(window.queues))))
+    # In UTC: Python takes offsets up to ±23:59, PostgreSQL only to ±15:59.
     if window.since:
-        parts.append(sql.SQL("m.created_at >= {}").format(sql.Literal(window.since)))
+        since = window.since.astimezone(UTC)
+        parts.append(sql.SQL("m.created_at >= {}").format(sql.Literal(since)))
     if window.until:
-        parts.append(sql.SQL("m.created_at < {}").format(sql.Literal(window.until)))
+        until = window.until.astimezone(UTC)
+        parts.append(sql.SQL("m.created_at < {}").format(sql.Literal(until)))
     if all_filters:
         if window.reason:
             parts.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
+from datetime import UTC
 from typing import Any
 
 import django_filters
@@ -169,10 +170,18 @@ class QueueDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time, compared in UTC: Python takes offsets up to ±23:59,
+    PostgreSQL only to ±15:59."""
+
+    def filter(self, qs: QuerySet[Any], value: Any) -> QuerySet[Any]:
+        return super().filter(qs, value.astimezone(UTC) if value else value)
+
+
 class MessageFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=MessageState.choices)
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Message
