@@ -24,6 +24,7 @@ from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from tests.harness import free_port, wait_until
+from tests.test_console_queues import SETTINGS as QUEUE_SETTINGS_FORM
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
@@ -342,22 +343,9 @@ def test_the_api_refuses_a_secret_too_short_or_too_long(admin_api, hook, secret)
 
 # --- the settings through the console ----------------------------------------------
 
-SETTINGS = {
-    "description": "",
-    "consumer": "",
-    "webhook_timeout": "10",
-    "batch_size": "10",
-    "lease_seconds": "30",
-    "retry_limit": "3",
-    "retry_backoff_seconds": "1",
-    "crash_threshold": "2",
-    "poison_limit": "5",
-    "suspect_delay_seconds": "1",
-    "poison_action": "quarantine",
-    "alarm_webhook_url": "",
-    "max_payload_bytes": "1048576",
-    "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE",
-}
+# The settings form as the console's queue tests fill it, for a queue with
+# no description and no consumer of its own.
+SETTINGS = {**QUEUE_SETTINGS_FORM, "description": "", "consumer": ""}
 
 
 def logged_in(user) -> Client:
