@@ -139,3 +139,35 @@ class NoActiveRules(BrokerError):
     """A dead-letter queue with no active rules table cannot be scanned."""
 
     code = "no_active_rules"
+
+
+class HaMaintenance(BrokerError):
+    """The HA pair is in maintenance after a split brain: the store refuses
+    every write until an admin picks the primary."""
+
+    code = "ha_maintenance"
+
+
+class HaSynchronising(BrokerError):
+    """A standby is rejoining: configuration changes wait until it is synchronised."""
+
+    code = "ha_synchronising"
+
+
+class StaleEpoch(BrokerError):
+    """A primary duty issued under an epoch the store has left behind."""
+
+    code = "ha_stale_epoch"
+
+
+class HaNodeUnreachable(BrokerError):
+    """No broker node answered a command (resolve, switchover, status)."""
+
+    code = "ha_node_unreachable"
+
+
+class HaCommandRefused(BrokerError):
+    """A broker node refused a command: an unknown node name, a resolve
+    without a split brain, a switchover without a synchronised standby."""
+
+    code = "ha_command_refused"

@@ -187,3 +187,21 @@ def env_networks(name: str, default: list[str]) -> list[IPv4Network | IPv6Networ
                 name, str(value), f"networks in CIDR notation, comma-separated ({error})"
             ) from None
     return networks
+
+
+def env_address(name: str, default: str) -> str:
+    """``host:port`` (``[v6]:port`` too); set and empty means none."""
+    value = _raw(name)
+    if value is None:
+        value = default
+    if not value:
+        return ""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _bad(name, value, "host:port")
+    return value
+
+
+def env_optional_database(name: str) -> dict[str, Any] | None:
+    """Like ``env_database``, or None when the variable is unset or empty."""
+    return env_database(name) if _raw(name) else None

@@ -9,6 +9,7 @@ import environ
 from celery.schedules import crontab
 
 from console.env import (
+    env_address,
     env_bool,
     env_choice,
     env_database,
@@ -17,6 +18,7 @@ from console.env import (
     env_int,
     env_list,
     env_networks,
+    env_optional_database,
     env_path,
     env_rate,
     env_redis_url,
@@ -288,7 +290,42 @@ LAZARETTO_SPARK_DRIVER_MEMORY = env_str("LAZARETTO_SPARK_DRIVER_MEMORY", "2g")
 # Extra JVM options for the Spark driver (in local mode, the executors too);
 # the test suite uses -XX:TieredStopAtLevel=1, which halves a small job's start-up.
 LAZARETTO_SPARK_JAVA_OPTIONS = env_str("LAZARETTO_SPARK_JAVA_OPTIONS", "")
-CELERY_BEAT_SCHEDULE = {
+# The HA pair (broker.ha; `python manage.py broker_node --name NAME`). A
+# node's DATABASE_URL is its own PostgreSQL server; applications list both
+# servers: postgres://u:p@a:5432,b:5432/db?target_session_attrs=read-write.
+# Where this node answers heartbeats and commands, and where its peer does
+# (empty: no peer, one node alone).
+HA_LISTEN = env_address("HA_LISTEN", "127.0.0.1:7401")
+HA_PEER = env_address("HA_PEER", "")
+# The peer's PostgreSQL server (a superuser or a role with REPLICATION and
+# pg_rewind's grants): streaming, rewinding and cloning read from it.
+HA_PEER_DATABASE_URL = env_optional_database("HA_PEER_DATABASE_URL")
+# The node's own server: with HA_PGDATA the node starts, stops, rewinds and
+# clones it (PostgreSQL's tools in HA_PG_BINDIR, run as HA_PG_OS_USER when
+# the node runs as root, with HA_PG_OPTIONS added to `postgres`'s command
+# line and its log in HA_PG_LOG); without, it can only promote it.
+HA_PGDATA = env_path("HA_PGDATA", Path(), base=BASE_DIR) if env_str("HA_PGDATA", "") else None
+HA_PG_BINDIR = (
+    env_path("HA_PG_BINDIR", Path(), base=BASE_DIR) if env_str("HA_PG_BINDIR", "") else None
+)
+HA_PG_OS_USER = env_str("HA_PG_OS_USER", "")
+HA_PG_OPTIONS = env_str("HA_PG_OPTIONS", "")
+HA_PG_LOG = env_file("HA_PG_LOG", Path(), base=BASE_DIR) if env_str("HA_PG_LOG", "") else None
+HA_HEARTBEAT_INTERVAL = env_float("HA_HEARTBEAT_INTERVAL", 1.0)
+# A standby that has not heard from its primary for this long (and cannot
+# reach its PostgreSQL, or has fenced it) takes over.
+HA_HEARTBEAT_TIMEOUT = env_float("HA_HEARTBEAT_TIMEOUT", 10.0)
+# How long a starting node waits for its peer before it starts as primary.
+HA_DISCOVERY_TIMEOUT = env_float("HA_DISCOVERY_TIMEOUT", 30.0)
+# standalone: start as primary at once, without waiting for the peer.
+HA_STARTUP_MODE = env_choice("HA_STARTUP_MODE", "auto", ("auto", "standalone"))
+# Signs the nodes' heartbeats and commands; blank: derived from SECRET_KEY.
+HA_SECRET = env_str("HA_SECRET", "")
+
+# The primary's duties: the node that is primary sends these as Celery tasks,
+# each carrying the pair's epoch (`celery beat` can send the same schedule
+# where no broker node runs; its tasks carry no epoch).
+LAZARETTO_PRIMARY_DUTIES = {
     "sweep": {
         "task": "lazaretto.sweep",
         "schedule": LAZARETTO_SWEEP_INTERVAL_SECONDS,
@@ -324,3 +361,4 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 2 * LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS},
     },
 }
+CELERY_BEAT_SCHEDULE = LAZARETTO_PRIMARY_DUTIES

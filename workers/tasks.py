@@ -7,9 +7,11 @@ messages each second and wakes it again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery import Task
@@ -18,6 +20,8 @@ from django.db import transaction
 from django.dispatch import receiver
 from prometheus_client import Gauge
 
+from broker.errors import StaleEpoch
+from broker.ha.guard import primary_duty
 from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob
 from broker.selectors import queues_with_active_rules, queues_with_due_messages
@@ -33,6 +37,17 @@ from workers.celery import SENT_AT_HEADER, app
 from workers.pipeline import archive_launch, replay_job_launch
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _duty(name: str, epoch: int | None) -> Iterator[None]:
+    """Run the primary duty ``name`` under ``epoch`` (the broker node that
+    sent it): a duty of a stale epoch does nothing but say so."""
+    try:
+        with primary_duty(epoch):
+            yield
+    except StaleEpoch as stale:
+        logger.warning("%s refused: %s", name, stale.detail)
 
 
 def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
@@ -96,10 +111,15 @@ def deliver(queue_id: int) -> None:
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)
-def sweep() -> None:
+def sweep(epoch: int | None = None) -> None:
     """Requeue unanswered deliveries as suspects, set aside the poison, and
     wake a delivery task per suspect so they are isolated in parallel."""
     _observe_lag(sweep, SWEEPER_LAG)
+    with _duty("sweep", epoch):
+        _sweep()
+
+
+def _sweep() -> None:
     heartbeat(name="control")
     expired = messages_expire()
     if expired:
@@ -140,9 +160,14 @@ NOTIFY_TASK_BUDGET_SECONDS = 3.0
 
 
 @app.task(name="lazaretto.notify_alarms", ignore_result=True)
-def notify_alarms() -> None:
+def notify_alarms(epoch: int | None = None) -> None:
     """Post due poison alarms to their webhooks (one runner at a time; a
     second one returns at once)."""
+    with _duty("notify_alarms", epoch):
+        _notify_alarms()
+
+
+def _notify_alarms() -> None:
     result = alarms_notify_due(budget_seconds=NOTIFY_TASK_BUDGET_SECONDS)
     if result.posted:
         logger.info(
@@ -154,9 +179,14 @@ def notify_alarms() -> None:
 
 
 @app.task(name="lazaretto.dispatch", ignore_result=True)
-def dispatch() -> None:
+def dispatch(epoch: int | None = None) -> None:
     """Wake every queue that has due messages (new, delayed or retried)."""
     _observe_lag(dispatch, DISPATCHER_LAG)
+    with _duty("dispatch", epoch):
+        _dispatch()
+
+
+def _dispatch() -> None:
     interval = settings.LAZARETTO_DISPATCH_INTERVAL_SECONDS
     for due in queues_with_due_messages():
         wake(
@@ -168,8 +198,13 @@ def dispatch() -> None:
 
 
 @app.task(name="lazaretto.dead_letter_scan", ignore_result=True)
-def dead_letter_scan_all() -> None:
+def dead_letter_scan_all(epoch: int | None = None) -> None:
     """Process every dead-letter queue that has an active rules table."""
+    with _duty("dead_letter_scan", epoch):
+        _dead_letter_scan_all()
+
+
+def _dead_letter_scan_all() -> None:
     for queue in queues_with_active_rules():
         result = dead_letter_scan(queue=queue)
         if result.acted or result.failed:
@@ -221,14 +256,17 @@ def replay_job(job_id: int) -> None:
 
 
 @app.task(name="lazaretto.archive", ignore_result=True)
-def archive() -> None:
+def archive(epoch: int | None = None) -> None:
     """Move delivered and failed messages past retention to the archive."""
-    status = archive_launch()
+    status = None
+    with _duty("archive", epoch):
+        status = archive_launch()
     if status:
         logger.warning("the archive's Spark driver exited with status %s", status)
 
 
 @app.task(name="lazaretto.heartbeat", ignore_result=True)
-def delivery_heartbeat() -> None:
+def delivery_heartbeat(epoch: int | None = None) -> None:
     """Scheduled on the deliveries queue: proves a delivery worker is taking tasks."""
-    heartbeat(name="deliveries")
+    with _duty("heartbeat", epoch):
+        heartbeat(name="deliveries")

@@ -1,0 +1,796 @@
+"""A broker node: one of the HA pair, beside one PostgreSQL server.
+
+The node's main loop runs every ``interval``: it heartbeats its peer, looks
+at its own server and acts by role.
+
+- DISCOVERING: starting (or back from a pause). It waits up to the
+  discovery timeout for its peer. A peer that is primary makes it a standby:
+  it rewinds its store onto the primary's (exporting any messages only it
+  had) and follows it. A peer that is a standby, or none at all, makes the
+  node whose store is a primary's the primary. ``standalone`` skips the wait.
+- PRIMARY: keeps the standby synchronous while it streams and goes on alone
+  (asynchronous) once it has been lost for the heartbeat timeout; refuses
+  configuration changes while the standby synchronises; runs the primary
+  duties under the pair's epoch. Finding its peer primary too is a split
+  brain: both go to MAINTENANCE.
+- STANDBY / SYNCHRONISING: follows the primary. When the primary has been
+  silent for the heartbeat timeout, its server is fenced (read-only) if it
+  still answers, and the standby promotes its own, advancing the epoch.
+- MAINTENANCE: the store refuses every write and no duty runs until an admin
+  picks the survivor (``resolve``); the other rejoins as standby.
+
+A node whose own loop stalled past the heartbeat timeout (a pause, SIGSTOP)
+no longer trusts its role: it fences its store, tells its peer it was
+suspended and discovers again before doing anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
+
+from broker.errors import BrokerError, HaCommandRefused, HaNodeUnreachable
+from broker.ha import wire
+from broker.ha.diverged import diverged_export
+from broker.ha.postgres import PostgresError, Probe, Server, slot_name
+from broker.models import HaEventKind, NodeRole
+
+logger = logging.getLogger(__name__)
+
+# A standby this close to the primary (bytes of WAL) counts as caught up.
+CAUGHT_UP_BYTES = 16 * 1024 * 1024
+# How long a switchover waits for the standby to replay the last WAL.
+SWITCHOVER_WAIT_SECONDS = 30.0
+
+
+class Duties(Protocol):
+    """The primary-only duties (the sweeper, the dispatcher, the dead-letter
+    scans, the archive schedule), issued under an epoch."""
+
+    def start(self, epoch: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    listen: str
+    peer: str | None
+    secret: bytes
+    interval: float = 1.0
+    timeout: float = 10.0
+    discovery_timeout: float = 30.0
+    standalone: bool = False
+
+
+@dataclass
+class PeerView:
+    """The peer's last status and when (monotonic) it was heard."""
+
+    status: dict[str, Any]
+    seen: float
+
+    @property
+    def name(self) -> str:
+        return str(self.status.get("name", ""))
+
+    @property
+    def role(self) -> str:
+        return "" if self.status.get("suspended") else str(self.status.get("role", ""))
+
+
+@dataclass
+class _Command:
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class BrokerNode:
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        local: Server,
+        peer_store: Server | None,
+        duties: Duties,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.local = local
+        self.peer_store = peer_store
+        self.duties = duties
+        self.clock = clock
+        self.role = NodeRole.DISCOVERING
+        self.mode = "starting"
+        self.epoch = 0
+        self.synchronous_standby = ""
+        self._role_since = clock()
+        self._discovery_started = clock()
+        self._last_tick: float | None = None
+        self._busy = False
+        self._peer: PeerView | None = None
+        self._peer_lock = threading.Lock()
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._standalone_pending = config.standalone
+        self._resolved_loser = False
+        self._primary_seen = clock()
+        self._standby_streaming_seen: float | None = None
+        self._not_receiving_since: float | None = None
+        self._slot_for: str | None = None
+        self._store: Probe | None = None
+        self._said: dict[str, str] = {}
+        self.listener = wire.Listener(config.listen, secret=config.secret, handler=self.handle)
+
+    # -- what the node says about itself -------------------------------------
+
+    def suspended(self) -> bool:
+        """The main loop has not run for longer than the heartbeat timeout
+        (and is not busy with a long step: a rewind, a clone, a switchover)."""
+        last = self._last_tick
+        return not self._busy and last is not None and self.clock() - last > self.config.timeout
+
+    @contextlib.contextmanager
+    def _long_step(self) -> Iterator[None]:
+        """A step that may outlast the heartbeat timeout without the node
+        counting itself paused."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._last_tick = self.clock()
+            self._busy = False
+
+    def status(self) -> dict[str, Any]:
+        store = self._store
+        peer = self._peer
+        return {
+            "name": self.config.name,
+            "role": str(self.role),
+            "mode": self.mode,
+            "epoch": self.epoch,
+            "address": self.config.listen,
+            "suspended": self.suspended(),
+            "store": None if store is None else ("standby" if store.in_recovery else "primary"),
+            "lsn": None if store is None else store.lsn,
+            "synchronous_standby": self.synchronous_standby,
+            "peer": None if peer is None else peer.name,
+            "peer_address": None if peer is None else peer.status.get("address"),
+            "peer_seen_seconds_ago": None if peer is None else round(self.clock() - peer.seen, 3),
+            "since_seconds": round(self.clock() - self._role_since, 3),
+        }
+
+    # -- requests from the peer and from admins ------------------------------
+
+    def handle(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer one request (the listener's threads)."""
+        if op == "heartbeat":
+            status = body.get("status")
+            if not isinstance(status, dict):
+                raise HaCommandRefused("a heartbeat carries the sender's status")
+            if status.get("name") == self.config.name:
+                raise HaCommandRefused(
+                    f"a node named {self.config.name!r} is already live at {self.config.listen}"
+                )
+            self._heard(status)
+            return self.status()
+        if op == "status":
+            return self.status()
+        if op == "resolve":
+            return self._accept_resolve(str(body.get("primary", "")), relay=bool(body.get("relay")))
+        if op == "switchover":
+            return self._accept_switchover()
+        if op == "promote":
+            if self.role != NodeRole.STANDBY:
+                raise HaCommandRefused(f"{self.config.name} is {self.role}, not a standby")
+            self._commands.put(_Command("promote"))
+            return {"accepted": True}
+        raise HaCommandRefused(f"unknown request {op!r}")
+
+    def _known_names(self) -> set[str]:
+        peer = self._peer
+        return {self.config.name} | ({peer.name} if peer is not None else set())
+
+    def _accept_resolve(self, primary: str, *, relay: bool) -> dict[str, Any]:
+        if primary not in self._known_names():
+            raise HaCommandRefused(
+                f"there is no node named {primary!r}; the pair is "
+                + " and ".join(sorted(self._known_names()))
+            )
+        if self.role != NodeRole.MAINTENANCE:
+            raise HaCommandRefused(
+                f"{self.config.name} is {self.role}, not in maintenance: there is no split brain "
+                "to resolve"
+            )
+        if relay and self.config.peer:
+            try:
+                self._call("resolve", primary=primary, relay=False)
+            except BrokerError as error:
+                logger.warning("ha: could not pass the resolve on to the peer: %s", error.detail)
+        self._commands.put(_Command("resolve", {"primary": primary}))
+        return {"accepted": True}
+
+    def _accept_switchover(self) -> dict[str, Any]:
+        peer = self._fresh_peer()
+        if self.role == NodeRole.STANDBY and peer is not None and peer.role == NodeRole.PRIMARY:
+            return self._call("switchover")
+        if self.role != NodeRole.PRIMARY:
+            raise HaCommandRefused(
+                f"{self.config.name} is {self.role}: a switchover needs a primary"
+            )
+        if self.mode != "synchronous" or peer is None or peer.role != NodeRole.STANDBY:
+            raise HaCommandRefused(
+                "a switchover needs a synchronised standby; the standby is "
+                + ("not answering" if peer is None else str(peer.role or "suspended"))
+            )
+        self._commands.put(_Command("switchover"))
+        return {"accepted": True}
+
+    def _heard(self, status: dict[str, Any]) -> None:
+        with self._peer_lock:
+            self._peer = PeerView(status=status, seen=self.clock())
+
+    def _fresh_peer(self) -> PeerView | None:
+        """The peer as last heard, if heard within the heartbeat timeout."""
+        peer = self._peer
+        if peer is None or self.clock() - peer.seen > self.config.timeout:
+            return None
+        return peer
+
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        if not self.config.peer:
+            raise HaNodeUnreachable("this node has no peer (HA_PEER is not set)")
+        return wire.call(
+            self.config.peer,
+            op,
+            secret=self.config.secret,
+            timeout=max(1.0, self.config.interval),
+            **fields,
+        )
+
+    # -- the loop --------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Refuse to start beside a live node of the same name (one on this
+        node's own address already failed to bind it)."""
+        if not self.config.peer:
+            return
+        try:
+            answer = self._call("status")
+        except BrokerError:
+            return
+        if answer.get("name") == self.config.name:
+            raise HaCommandRefused(
+                f"a node named {self.config.name!r} is already live at {self.config.peer}"
+            )
+        if answer.get("peer") != self.config.name:
+            return
+        address = answer.get("peer_address")
+        if not address or address == self.config.listen:
+            return
+        try:
+            other = wire.call(address, "status", secret=self.config.secret, timeout=1.0)
+        except BrokerError:
+            return
+        if other.get("name") == self.config.name:
+            raise HaCommandRefused(
+                f"a node named {self.config.name!r} is already live at {address}"
+            )
+
+    def run(self, stopping: threading.Event) -> None:
+        self.preflight()
+        self.listener.start()
+        logger.info(
+            "ha: node %s listening on %s, peer %s",
+            self.config.name,
+            self.config.listen,
+            self.config.peer or "none",
+        )
+        try:
+            while not stopping.is_set():
+                started = self.clock()
+                try:
+                    self.tick()
+                except Exception:
+                    logger.exception("ha: node %s: tick failed", self.config.name)
+                stopping.wait(max(0.0, self.config.interval - (self.clock() - started)))
+        finally:
+            self.duties.stop()
+            self.listener.stop()
+            self.local.disconnect()
+
+    def tick(self) -> None:
+        now = self.clock()
+        if self._last_tick is not None and now - self._last_tick > self.config.timeout:
+            self._resume_after_pause(now - self._last_tick)
+        self._last_tick = now
+        self._exchange()
+        self._store = self.local.probe()
+        while not self._commands.empty():
+            self._run_command(self._commands.get_nowait())
+        handler = {
+            NodeRole.DISCOVERING: self._discovering,
+            NodeRole.PRIMARY: self._primary,
+            NodeRole.STANDBY: self._standby,
+            NodeRole.SYNCHRONISING: self._standby,
+            NodeRole.MAINTENANCE: self._maintenance,
+        }[NodeRole(self.role)]
+        handler(self._store)
+        if self.role in (NodeRole.PRIMARY, NodeRole.MAINTENANCE):
+            self._publish_rows()
+
+    def _exchange(self) -> None:
+        if not self.config.peer:
+            return
+        try:
+            self._heard(self._call("heartbeat", status=self.status()))
+        except HaCommandRefused as refused:
+            logger.error("ha: the peer refused our heartbeat: %s", refused.detail)
+        except HaNodeUnreachable:
+            pass
+
+    def _resume_after_pause(self, paused: float) -> None:
+        logger.warning(
+            "ha: node %s did not run for %.1f s (longer than the heartbeat timeout): "
+            "its role is no longer trusted; discovering again",
+            self.config.name,
+            paused,
+        )
+        self.duties.stop()
+        if self.role == NodeRole.PRIMARY:
+            try:
+                self.local.fence()
+            except Exception as error:
+                logger.warning("ha: could not fence the local store: %s", error)
+        self._peer = None
+        self._set_role(NodeRole.DISCOVERING, "back from a pause")
+
+    def _set_role(self, role: NodeRole, mode: str) -> None:
+        if role != self.role:
+            self._role_since = self.clock()
+            if role == NodeRole.DISCOVERING:
+                self._discovery_started = self.clock()
+            logger.info("ha: node %s is %s (%s)", self.config.name, role, mode)
+        self.role, self.mode = role, mode
+
+    def _say(self, key: str, text: str) -> None:
+        """Log ``text`` once until the node says something else under ``key``."""
+        if self._said.get(key) != text:
+            self._said[key] = text
+            logger.warning("ha: %s", text)
+
+    # -- roles -----------------------------------------------------------------
+
+    def _discovering(self, store: Probe | None) -> None:
+        if self.local.pgdata is not None and not self._ensure_server_up():
+            return
+        if store is None:
+            self._say("discover", f"{self.local.describe()} does not answer yet")
+            return
+        self._read_epoch()
+        if self._standalone_pending:
+            self._standalone_pending = False
+            self._become_primary(HaEventKind.STARTED, "started standalone", store)
+            return
+        peer = self._fresh_peer()
+        if peer is not None:
+            if peer.role == NodeRole.PRIMARY:
+                self._resolved_loser = False
+                if store.in_recovery and store.receiving:
+                    self._primary_seen = self.clock()
+                    self._set_role(NodeRole.SYNCHRONISING, "following the primary")
+                else:
+                    self._rejoin(store)
+                return
+            if self._resolved_loser:
+                self._say("discover", "waiting for the survivor to become primary")
+                return
+            if peer.role == NodeRole.MAINTENANCE:
+                self._enter_maintenance("the peer is in maintenance")
+                return
+            if not store.in_recovery:
+                if peer.role == NodeRole.DISCOVERING and peer.status.get("store") == "primary":
+                    self._enter_maintenance("both stores are primaries")
+                else:
+                    self._become_primary(HaEventKind.STARTED, "the peer is not primary", store)
+                return
+            self._say("discover", "the store is a standby's: waiting for a primary")
+            return
+        if self.clock() - self._discovery_started < self.config.discovery_timeout:
+            self._say("discover", "waiting for the peer (discovery timeout)")
+            return
+        if not store.in_recovery:
+            self._become_primary(
+                HaEventKind.STARTED, "no peer answered within the discovery timeout", store
+            )
+        else:
+            self._say(
+                "discover",
+                "no peer answered and the store is a standby's, which may be behind its "
+                "former primary: waiting for it",
+            )
+
+    def _ensure_server_up(self) -> bool:
+        """Start the own server (fenced: it takes no application writes
+        until the node knows its role), cloning the peer's first when the
+        data directory is empty. False while it is not up yet."""
+        try:
+            if not self.local.has_data():
+                peer = self._fresh_peer()
+                if peer is None or peer.role != NodeRole.PRIMARY:
+                    self._say("discover", "empty data directory: waiting for a primary to clone")
+                    return False
+                self._clone()
+                return False
+            if not self.local.running():
+                self.local.fence_stopped()
+                self.local.start()
+                return False
+        except PostgresError as error:
+            self._say("server", f"PostgreSQL: {error}")
+            return False
+        return True
+
+    def _read_epoch(self) -> None:
+        rows = self.local.execute("SELECT epoch FROM broker_hapair WHERE id = 1")
+        if rows:
+            self.epoch = max(self.epoch, int(rows[0][0]))
+
+    def _become_primary(self, kind: HaEventKind, detail: str, store: Probe | None) -> None:
+        if store is not None and store.in_recovery:
+            self.local.promote()
+        rows = self.local.execute(
+            """
+            INSERT INTO broker_hapair (id, epoch, primary_name, changed_at)
+            VALUES (1, 1, %s, now())
+            ON CONFLICT (id) DO UPDATE
+               SET epoch = broker_hapair.epoch + 1, primary_name = excluded.primary_name,
+                   changed_at = now()
+            RETURNING epoch
+            """,
+            [self.config.name],
+        )
+        self.epoch = int(rows[0][0])
+        self.local.set_settings(
+            {
+                "default_transaction_read_only": None,
+                "lazaretto.ha_mode": None,
+                "synchronous_standby_names": None,
+            }
+        )
+        self.synchronous_standby = ""
+        self._standby_streaming_seen = None
+        self._slot_for = None
+        self._peer = None
+        self._set_role(NodeRole.PRIMARY, "alone")
+        self._record(kind, f"{self.config.name} is primary at epoch {self.epoch}: {detail}")
+        self.duties.start(self.epoch)
+
+    def _primary(self, store: Probe | None) -> None:
+        if store is None:
+            self._say("primary", f"{self.local.describe()} does not answer: duties stop")
+            self.duties.stop()
+            self._set_role(NodeRole.DISCOVERING, "the store stopped answering")
+            return
+        if store.read_only:
+            # Only a standby taking over fences a primary's store.
+            self._say("primary", "the store was fenced by the peer: the peer took over")
+            self.duties.stop()
+            self._set_role(NodeRole.DISCOVERING, "fenced by the peer")
+            return
+        peer = self._fresh_peer()
+        if peer is not None and peer.role == NodeRole.PRIMARY and peer.seen > self._role_since:
+            self._enter_maintenance(f"split brain: {peer.name} is primary too")
+            return
+        if peer is not None and self._slot_for != peer.name:
+            self.local.ensure_slot(slot_name(peer.name))
+            self._slot_for = peer.name
+        replica = next((r for r in store.replicas if peer is None or r.name == peer.name), None)
+        streaming = (
+            replica is not None
+            and replica.state == "streaming"
+            and replica.lag_bytes < CAUGHT_UP_BYTES
+        )
+        now = self.clock()
+        if streaming and replica is not None:
+            self._standby_streaming_seen = now
+            if self.synchronous_standby != replica.name:
+                self.local.set_settings({"synchronous_standby_names": f'"{replica.name}"'})
+                self.synchronous_standby = replica.name
+                self.mode = "synchronous"
+                self._record(
+                    HaEventKind.STANDBY_SYNCHRONOUS,
+                    f"{replica.name} is synchronised: a write is answered once both stores have it",
+                )
+        elif self.synchronous_standby and (
+            self._standby_streaming_seen is None
+            or now - self._standby_streaming_seen > self.config.timeout
+        ):
+            lost = self.synchronous_standby
+            self.local.set_settings({"synchronous_standby_names": None})
+            self.synchronous_standby = ""
+            self.mode = "alone"
+            self._record(
+                HaEventKind.STANDBY_LOST,
+                f"{lost} lost for {self.config.timeout:g} s: the primary goes on alone "
+                "(asynchronous)",
+            )
+        synchronising = peer is not None and (
+            peer.role == NodeRole.SYNCHRONISING or (peer.role == NodeRole.STANDBY and not streaming)
+        )
+        wanted = "synchronising" if synchronising else ""
+        if store.ha_mode != wanted:
+            self.local.set_settings({"lazaretto.ha_mode": wanted or None})
+
+    def _standby(self, store: Probe | None) -> None:
+        now = self.clock()
+        peer = self._fresh_peer()
+        if peer is not None and peer.role == NodeRole.PRIMARY:
+            self._primary_seen = peer.seen
+            self.epoch = max(self.epoch, int(peer.status.get("epoch") or 0))
+            if store is not None and store.receiving:
+                self._not_receiving_since = None
+                if (
+                    self.role == NodeRole.SYNCHRONISING
+                    and peer.status.get("synchronous_standby") == self.config.name
+                ):
+                    self._set_role(NodeRole.STANDBY, "synchronous")
+            else:
+                if self._not_receiving_since is None:
+                    self._not_receiving_since = now
+                elif now - self._not_receiving_since > 3 * self.config.timeout:
+                    self._not_receiving_since = None
+                    if store is not None:
+                        self._say("standby", "the store does not follow the primary: rejoining")
+                        self._rejoin(store)
+            return
+        if peer is not None and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY):
+            # The former primary is rejoining after a switchover or a pause.
+            return
+        if now - self._primary_seen <= self.config.timeout:
+            return
+        if store is None:
+            self._say(
+                "standby", f"the primary is silent but {self.local.describe()} does not answer"
+            )
+            return
+        if self.peer_store is not None and self.peer_store.reachable(timeout=1.0):
+            try:
+                self.peer_store.fence()
+            except Exception as error:
+                self._say(
+                    "standby",
+                    f"the primary node is silent but its store answers and could not be "
+                    f"fenced ({error}): not promoting",
+                )
+                return
+            detail = "the primary node was silent; its store was fenced"
+        else:
+            detail = "the primary node and its store were unreachable"
+        silent = now - self._primary_seen
+        self._become_primary(
+            HaEventKind.FAILOVER, f"{detail} for {silent:.1f} s (heartbeat timeout)", store
+        )
+
+    def _maintenance(self, store: Probe | None) -> None:
+        if store is not None and store.ha_mode != "maintenance":
+            self.local.set_settings({"lazaretto.ha_mode": "maintenance"})
+
+    # -- transitions -----------------------------------------------------------
+
+    def _enter_maintenance(self, reason: str) -> None:
+        self.duties.stop()
+        self.local.set_settings({"lazaretto.ha_mode": "maintenance"})
+        self.local.terminate_clients()
+        self._set_role(NodeRole.MAINTENANCE, reason)
+        self._record(
+            HaEventKind.SPLIT_BRAIN,
+            f"{self.config.name} entered maintenance: {reason}; an admin picks the primary "
+            "(broker_node resolve --primary NAME)",
+        )
+
+    def _source_conninfo(self) -> str:
+        if self.peer_store is None:
+            raise PostgresError("the peer's store is not configured (HA_PEER_DATABASE_URL)")
+        params = conninfo_to_dict(self.peer_store.conninfo)
+        params["application_name"] = self.config.name
+        return make_conninfo("", **params)
+
+    def _rejoin(self, store: Probe) -> None:
+        """Become the standby of the primary peer: export what only this
+        store has, rewind it onto the primary's and follow it."""
+        if self.local.pgdata is None or self.peer_store is None:
+            self._say(
+                "rejoin",
+                "the peer is primary but this node cannot rewind its store "
+                "(HA_PGDATA and HA_PEER_DATABASE_URL are needed)",
+            )
+            return
+        self.duties.stop()
+        self._set_role(NodeRole.SYNCHRONISING, "rejoining")
+        self._exchange()  # the primary refuses configuration changes from now on
+        with self._long_step():
+            self._rewind_and_follow(store)
+
+    def _rewind_and_follow(self, store: Probe) -> None:
+        assert self.peer_store is not None
+        if not store.in_recovery:
+            self.local.fence()
+            exported = diverged_export(
+                local=self.local, survivor=self.peer_store, node=self.config.name
+            )
+            if exported is not None:
+                path, count = exported
+                logger.warning(
+                    "ha: %s message(s) only %s had were exported to %s",
+                    count,
+                    self.config.name,
+                    path,
+                )
+        self.local.stop()
+        slot = slot_name(self.config.name)
+        self.peer_store.ensure_slot(slot)
+        source = self._source_conninfo()
+        try:
+            self.local.rewind(source_conninfo=source)
+        except PostgresError as error:
+            logger.warning("ha: pg_rewind failed (%s); cloning the primary instead", error)
+            self.local.clone(source_conninfo=source, slot=slot)
+        self.local.write_standby_config(primary_conninfo=source, slot=slot)
+        self.local.start()
+        self._primary_seen = self.clock()
+        self._not_receiving_since = None
+
+    def _clone(self) -> None:
+        assert self.peer_store is not None
+        self._set_role(NodeRole.SYNCHRONISING, "cloning the primary")
+        self._exchange()
+        slot = slot_name(self.config.name)
+        self.peer_store.ensure_slot(slot)
+        source = self._source_conninfo()
+        with self._long_step():
+            self.local.clone(source_conninfo=source, slot=slot)
+            self.local.write_standby_config(primary_conninfo=source, slot=slot)
+            self.local.start()
+        self._primary_seen = self.clock()
+
+    def _run_command(self, command: _Command) -> None:
+        try:
+            if command.op == "resolve":
+                self._resolve(str(command.args["primary"]))
+            elif command.op == "switchover":
+                with self._long_step():
+                    self._switchover()
+            elif command.op == "promote":
+                self._become_primary(
+                    HaEventKind.SWITCHOVER,
+                    "switchover requested by the former primary",
+                    self._store,
+                )
+        except Exception:
+            logger.exception("ha: %s failed", command.op)
+
+    def _resolve(self, primary: str) -> None:
+        if self.role != NodeRole.MAINTENANCE:
+            return
+        if primary == self.config.name:
+            self._become_primary(
+                HaEventKind.RESOLVED, "picked by an admin to end the split brain", self._store
+            )
+        else:
+            self._resolved_loser = True
+            self._peer = None
+            self._set_role(NodeRole.DISCOVERING, f"{primary} picked as primary: rejoining it")
+
+    def _switchover(self) -> None:
+        peer = self._fresh_peer()
+        if self.role != NodeRole.PRIMARY or peer is None:
+            return
+        standby = peer.name
+        self.duties.stop()
+        self.local.fence()
+        [(lsn,)] = self.local.execute("SELECT pg_current_wal_lsn() - '0/0'")
+        deadline = self.clock() + SWITCHOVER_WAIT_SECONDS
+        while not self.local.wait_replayed(standby, int(lsn)):
+            if self.clock() > deadline:
+                logger.error("ha: switchover abandoned: %s did not catch up", standby)
+                self.local.unfence()
+                self.duties.start(self.epoch)
+                return
+            time.sleep(0.05)
+        self._set_role(NodeRole.SYNCHRONISING, f"switching over to {standby}")
+        self.synchronous_standby = ""
+        self.local.stop()
+        try:
+            self._call("promote")
+        except BrokerError as error:
+            logger.error(
+                "ha: switchover abandoned: %s refused to promote: %s", standby, error.detail
+            )
+            self.local.start()
+            self._become_primary(HaEventKind.STARTED, "switchover abandoned", self.local.probe())
+            return
+        assert self.peer_store is not None
+        slot = slot_name(self.config.name)
+        source = self._source_conninfo()
+        self.local.write_standby_config(primary_conninfo=source, slot=slot)
+        self.local.start()
+        self._primary_seen = self.clock()
+        self._not_receiving_since = None
+
+    # -- what the store records ------------------------------------------------
+
+    def _record(self, kind: HaEventKind, detail: str) -> None:
+        """An HA event and its audit event, on the local store (a primary's)."""
+        logger.warning("ha: %s", detail)
+        try:
+            self.local.execute(
+                """
+                WITH event AS (
+                    INSERT INTO broker_haevent (kind, node, epoch, detail)
+                    VALUES (%s, %s, %s, %s)
+                )
+                INSERT INTO broker_auditevent
+                    (created_at, actor_name, action, queue_name, reason, details)
+                VALUES (now(), 'system', %s, '', %s, %s)
+                """,
+                [
+                    str(kind),
+                    self.config.name,
+                    self.epoch,
+                    detail,
+                    f"ha.{kind}",
+                    detail,
+                    Jsonb({"node": self.config.name, "epoch": self.epoch}),
+                ],
+            )
+        except Exception as error:
+            logger.warning("ha: could not record %s: %s", kind, error)
+
+    def _publish_rows(self) -> None:
+        """Both nodes as this primary sees them, for the console and the API."""
+        rows = [self._row(self.status(), heard_ago=0.0)]
+        peer = self._peer
+        if peer is not None:
+            ago = self.clock() - peer.seen
+            status = dict(peer.status)
+            if ago > self.config.timeout:
+                status["role"] = NodeRole.UNREACHABLE
+            rows.append(self._row(status, heard_ago=ago))
+        lag = {r.name: r.lag_bytes for r in (self._store.replicas if self._store else ())}
+        for row in rows:
+            row["lag"] = lag.get(row["name"]) if row["name"] != self.config.name else None
+            self.local.execute_named(
+                """
+                INSERT INTO broker_node (name, role, mode, epoch, address, last_heartbeat_at,
+                                         replication_lag_bytes, updated_at)
+                VALUES (%(name)s, %(role)s, %(mode)s, %(epoch)s, %(address)s,
+                        now() - make_interval(secs => %(ago)s), %(lag)s, now())
+                ON CONFLICT (name) DO UPDATE SET
+                    role = excluded.role, mode = excluded.mode, epoch = excluded.epoch,
+                    address = excluded.address, last_heartbeat_at = excluded.last_heartbeat_at,
+                    replication_lag_bytes = excluded.replication_lag_bytes, updated_at = now()
+                """,
+                row,
+            )
+
+    @staticmethod
+    def _row(status: dict[str, Any], *, heard_ago: float) -> dict[str, Any]:
+        role = "" if status.get("suspended") else str(status.get("role", ""))
+        return {
+            "name": str(status.get("name", ""))[:64],
+            "role": (role or NodeRole.UNREACHABLE)[:16],
+            "mode": str(status.get("mode", ""))[:32],
+            "epoch": int(status.get("epoch") or 0),
+            "address": str(status.get("address", ""))[:255],
+            "ago": heard_ago,
+        }

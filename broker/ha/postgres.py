@@ -1,0 +1,406 @@
+"""A node's hold on PostgreSQL: its own server (start, stop, promote, fence,
+rewind, clone, follow) and what it asks of its peer's.
+
+Replication is PostgreSQL's own: a physical slot on the primary for its
+standby, ``standby.signal`` and ``primary_conninfo`` on the standby,
+``synchronous_standby_names`` while the standby keeps up, ``pg_promote()``,
+``pg_rewind`` and ``pg_basebackup``. Nothing here copies a row.
+
+Settings a node manages are kept in the server's ``postgresql.auto.conf``
+(``ALTER SYSTEM`` while the server runs, an edit of the file while it is
+stopped): they belong to that server, and are not replicated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.abc import Query
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+logger = logging.getLogger(__name__)
+
+# Sessions of the nodes themselves: never terminated when a store is fenced,
+# and read-write on a fenced store (their own writes: epoch, node rows).
+NODE_APPLICATION_NAME = "lazaretto-node"
+# Settings a node owns in its server's postgresql.auto.conf. A clone or a
+# rewind copies the source's file, so they are reset on the copy.
+MANAGED_SETTINGS = (
+    "synchronous_standby_names",
+    "default_transaction_read_only",
+    "lazaretto.ha_mode",
+    "primary_conninfo",
+    "primary_slot_name",
+)
+TOOL_TIMEOUT_SECONDS = 600
+
+
+class PostgresError(RuntimeError):
+    """A PostgreSQL tool or statement the node needed failed."""
+
+
+def slot_name(node_name: str) -> str:
+    """The physical replication slot a primary keeps for standby ``node_name``."""
+    return "lazaretto_" + re.sub(r"[^a-z0-9_]", "_", node_name.lower())
+
+
+def conninfo_of(database: dict[str, Any], **extra: Any) -> str:
+    """A libpq connection string for one of Django's DATABASES entries."""
+    params: dict[str, Any] = {
+        "dbname": database.get("NAME") or None,
+        "user": database.get("USER") or None,
+        "password": database.get("PASSWORD") or None,
+        "host": database.get("HOST") or None,
+        "port": database.get("PORT") or None,
+    }
+    params.update({k: v for k, v in (database.get("OPTIONS") or {}).items() if k != "pool"})
+    params.update(extra)
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One row of the primary's pg_stat_replication."""
+
+    name: str
+    state: str
+    sync_state: str
+    lag_bytes: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a server says about itself."""
+
+    in_recovery: bool
+    lsn: int
+    timeline: int
+    read_only: bool
+    ha_mode: str
+    receiving: bool = False
+    replicas: tuple[Replica, ...] = ()
+
+
+def _connect(conninfo: str, timeout: float) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        conninfo,
+        autocommit=True,
+        connect_timeout=max(1, round(timeout)),
+        application_name=NODE_APPLICATION_NAME,
+        # The node's own writes (epoch, node rows) pass a fenced store.
+        options="-c default_transaction_read_only=off -c statement_timeout=10000",
+    )
+
+
+PROBE_SQL = """
+SELECT pg_is_in_recovery(),
+       CASE WHEN pg_is_in_recovery()
+            THEN coalesce(pg_last_wal_replay_lsn(), '0/0')
+            ELSE pg_current_wal_lsn() END - '0/0',
+       (SELECT timeline_id FROM pg_control_checkpoint()),
+       coalesce(current_setting('lazaretto.ha_mode', true), ''),
+       EXISTS (SELECT FROM pg_stat_wal_receiver WHERE status = 'streaming')
+"""
+REPLICAS_SQL = """
+SELECT application_name, state, sync_state,
+       coalesce(pg_current_wal_lsn() - coalesce(replay_lsn, '0/0'), 0)::bigint
+FROM pg_stat_replication
+"""
+FENCED_SQL = """
+SELECT setting = 'on' FROM pg_file_settings
+WHERE name = 'default_transaction_read_only' AND applied IS NOT NULL
+ORDER BY seqno DESC LIMIT 1
+"""
+
+
+@dataclass
+class Server:
+    """A PostgreSQL server reached at ``conninfo``; with ``pgdata`` (a node's
+    own server, on its own machine) it can also be started, stopped,
+    rewound and cloned."""
+
+    conninfo: str
+    pgdata: Path | None = None
+    bindir: Path | None = None
+    os_user: str | None = None
+    options: str = ""
+    log_file: Path | None = None
+    _connection: psycopg.Connection[Any] | None = field(default=None, repr=False)
+
+    # -- SQL --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self, timeout: float = 2.0) -> Iterator[psycopg.Connection[Any]]:
+        """A kept connection, opened again after any error."""
+        if self._connection is None or self._connection.closed:
+            self._connection = _connect(self.conninfo, timeout)
+        try:
+            yield self._connection
+        except psycopg.Error:
+            self.disconnect()
+            raise
+
+    def disconnect(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._connection.close()
+        self._connection = None
+
+    def reachable(self, timeout: float = 1.0) -> bool:
+        """A new connection gets through and a query is answered."""
+        try:
+            with _connect(self.conninfo, timeout) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def probe(self, timeout: float = 2.0) -> Probe | None:
+        """The server's state, or None when it does not answer."""
+        try:
+            with self.session(timeout) as conn:
+                row = conn.execute(PROBE_SQL).fetchone()
+                assert row is not None
+                fenced = conn.execute(FENCED_SQL).fetchone()
+                replicas: tuple[Replica, ...] = ()
+                if not row[0]:
+                    replicas = tuple(
+                        Replica(name=r[0], state=r[1], sync_state=r[2], lag_bytes=int(r[3]))
+                        for r in conn.execute(REPLICAS_SQL).fetchall()
+                    )
+        except psycopg.Error as error:
+            logger.debug("ha: %s does not answer: %s", self.describe(), error)
+            return None
+        return Probe(
+            in_recovery=bool(row[0]),
+            lsn=int(row[1]),
+            timeline=int(row[2]),
+            read_only=bool(fenced and fenced[0]),
+            ha_mode=str(row[3]),
+            receiving=bool(row[4]),
+            replicas=replicas,
+        )
+
+    def execute(self, statement: Query, params: Sequence[Any] = ()) -> list[Any]:
+        with self.session() as conn:
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def execute_named(self, statement: Query, params: dict[str, Any]) -> None:
+        with self.session() as conn:
+            conn.execute(statement, params)
+
+    def set_settings(self, values: dict[str, str | None]) -> None:
+        """ALTER SYSTEM each setting (None: RESET; a custom setting, which
+        RESET may not know, is set empty instead), then reload."""
+        for name, value in values.items():
+            if value is None and "." in name:
+                value = ""
+            setting = sql.SQL(".").join(sql.Identifier(part) for part in name.split("."))
+            if "." in name:
+                # Before PostgreSQL 17, ALTER SYSTEM knows a custom setting
+                # only once the session has it (a placeholder).
+                self.execute("SELECT set_config(%s, '', true)", [name])
+            if value is None:
+                self.execute(sql.SQL("ALTER SYSTEM RESET {}").format(setting))
+            else:
+                self.execute(
+                    sql.SQL("ALTER SYSTEM SET {} = {}").format(setting, sql.Literal(value))
+                )
+        self.execute("SELECT pg_reload_conf()")
+
+    def fence(self) -> None:
+        """Make the server refuse new read-write sessions (applications
+        asking ``target_session_attrs=read-write`` pass it by) and end the
+        applications' sessions; the nodes' own sessions stay."""
+        self.set_settings({"default_transaction_read_only": "on"})
+        self.terminate_clients()
+
+    def unfence(self) -> None:
+        self.set_settings({"default_transaction_read_only": None})
+
+    def terminate_clients(self) -> None:
+        self.execute(
+            """
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+            WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+              AND application_name <> %s
+            """,
+            [NODE_APPLICATION_NAME],
+        )
+
+    def promote(self) -> None:
+        rows = self.execute("SELECT pg_promote(true, 60)")
+        if not rows or not rows[0][0]:
+            raise PostgresError(f"{self.describe()} did not finish its promotion within 60 s")
+
+    def ensure_slot(self, name: str) -> None:
+        self.execute(
+            """
+            SELECT pg_create_physical_replication_slot(%s, true)
+            WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s)
+            """,
+            [name, name],
+        )
+
+    def wait_replayed(self, standby: str, lsn: int) -> bool:
+        """Whether standby ``standby`` has replayed up to ``lsn``."""
+        rows = self.execute(
+            "SELECT replay_lsn - '0/0' FROM pg_stat_replication WHERE application_name = %s",
+            [standby],
+        )
+        return bool(rows) and rows[0][0] is not None and int(rows[0][0]) >= lsn
+
+    def describe(self) -> str:
+        params = conninfo_to_dict(self.conninfo)
+        return f"PostgreSQL at {params.get('host', 'localhost')}:{params.get('port', 5432)}"
+
+    # -- the server's files (own server only) --------------------------------
+
+    def _data(self) -> Path:
+        if self.pgdata is None:
+            raise PostgresError(
+                "this node does not manage its PostgreSQL server (HA_PGDATA is not set)"
+            )
+        return self.pgdata
+
+    def _tool(self, name: str) -> str:
+        if self.bindir is not None:
+            return str(self.bindir / name)
+        found = shutil.which(name)
+        if found:
+            return found
+        versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)
+        if versions:
+            return str(versions[0])
+        raise PostgresError(f"{name} not found: set HA_PG_BINDIR")
+
+    def run(self, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run PostgreSQL tool ``name`` as the cluster's owner."""
+        command = [self._tool(name), *args]
+        if self.os_user and os.geteuid() == 0:
+            command = ["runuser", "-u", self.os_user, "--", *command]
+        level = logging.DEBUG if name == "pg_ctl" and args[:1] == ("status",) else logging.INFO
+        logger.log(level, "ha: running %s", " ".join(_redact(command)))
+        result = subprocess.run(  # noqa: S603 - PostgreSQL's own tools, arguments from settings
+            command,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=TOOL_TIMEOUT_SECONDS,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise PostgresError(
+                f"{name} failed (exit {result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()[-2000:]}"
+            )
+        return result
+
+    def has_data(self) -> bool:
+        return (self._data() / "PG_VERSION").is_file()
+
+    def running(self) -> bool:
+        return self.run("pg_ctl", "status", "-D", str(self._data()), check=False).returncode == 0
+
+    def start(self) -> None:
+        args = ["start", "-D", str(self._data()), "-w", "-t", "120"]
+        port = conninfo_to_dict(self.conninfo).get("port")
+        options = " ".join(part for part in (f"-p {port}" if port else "", self.options) if part)
+        if options:
+            args += ["-o", options]
+        if self.log_file is not None:
+            args += ["-l", str(self.log_file)]
+        self.disconnect()
+        self.run("pg_ctl", *args)
+
+    def stop(self, mode: str = "fast") -> None:
+        self.disconnect()
+        if self.running():
+            result = self.run(
+                "pg_ctl", "stop", "-D", str(self._data()), "-m", mode, "-w", "-t", "60", check=False
+            )
+            if result.returncode != 0 and mode != "immediate":
+                self.run("pg_ctl", "stop", "-D", str(self._data()), "-m", "immediate", "-w")
+
+    def edit_auto_conf(self, values: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) settings in postgresql.auto.conf of
+        the stopped server."""
+        path = self._data() / "postgresql.auto.conf"
+        lines = path.read_text().splitlines() if path.exists() else []
+        names = {name.lower() for name in values}
+        kept = [line for line in lines if line.split("=", 1)[0].strip().lower() not in names]
+        for name, value in values.items():
+            if value is not None:
+                kept.append(f"{name} = '{value.replace(chr(39), chr(39) * 2)}'")
+        path.write_text("\n".join(kept) + "\n")
+        self._chown(path)
+
+    def write_standby_config(self, *, primary_conninfo: str, slot: str) -> None:
+        """Make the stopped server a standby of ``primary_conninfo``, with
+        nothing else of the managed settings left from before or copied
+        from the source."""
+        reset: dict[str, str | None] = dict.fromkeys(MANAGED_SETTINGS)
+        reset.update({"primary_conninfo": primary_conninfo, "primary_slot_name": slot})
+        self.edit_auto_conf(reset)
+        (self._data() / "standby.signal").touch()
+        self._chown(self._data() / "standby.signal", self._data() / "postgresql.auto.conf")
+
+    def fence_stopped(self) -> None:
+        """Fence the stopped server for its next start."""
+        self.edit_auto_conf({"default_transaction_read_only": "on"})
+
+    def rewind(self, *, source_conninfo: str) -> None:
+        """pg_rewind the stopped server onto ``source_conninfo``'s timeline
+        (after crash recovery, which pg_rewind runs itself when needed)."""
+        self.run(
+            "pg_rewind",
+            "--target-pgdata",
+            str(self._data()),
+            "--source-server",
+            source_conninfo,
+        )
+
+    def clone(self, *, source_conninfo: str, slot: str) -> None:
+        """Fill the (empty or missing) data directory with a base backup of
+        ``source_conninfo``, streaming WAL through slot ``slot``."""
+        data = self._data()
+        if data.exists():
+            for child in data.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        self.run(
+            "pg_basebackup",
+            "--pgdata",
+            str(data),
+            "--dbname",
+            source_conninfo,
+            "--wal-method",
+            "stream",
+            "--slot",
+            slot,
+            "--checkpoint",
+            "fast",
+        )
+
+    def _chown(self, *paths: Path) -> None:
+        if self.os_user and os.geteuid() == 0:
+            for path in paths:
+                shutil.chown(path, user=self.os_user)
+
+
+def _redact(command: list[str]) -> list[str]:
+    return [re.sub(r"password=\S+", "password=***", part) for part in command]

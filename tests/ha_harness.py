@@ -1,0 +1,323 @@
+"""Real processes for HA tests: two PostgreSQL clusters (A made with
+initdb and migrated, B cloned from it by its node), two broker nodes
+(``manage.py broker_node``) that own them, and what the tests send through
+them.
+
+The clusters belong to the unprivileged user scripts/services.sh creates
+(PostgreSQL refuses to run as root); they live under a directory that user
+can reach, removed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tests.harness import ROOT, _alive, free_port, wait_until
+
+PG_OS_USER = "lazaretto"
+PASSWORD = "ha-test-password"
+ROLE = "lazaretto"
+DATABASE = "lazaretto"
+SECRET = "ha-test-secret-key"
+# The tests' heartbeat: a failover is due 4 s after the primary falls silent.
+INTERVAL = 0.5
+TIMEOUT = 4.0
+DISCOVERY = 3.0
+
+
+def pg_bindir() -> Path:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), reverse=True)
+    assert versions, "PostgreSQL is missing: scripts/services.sh installs it"
+    return versions[0].parent
+
+
+def as_owner(*command: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() == 0:
+        command = ("runuser", "-u", PG_OS_USER, "--", *command)
+    return subprocess.run(command, capture_output=True, text=True, cwd="/", check=False, **kwargs)
+
+
+@dataclass
+class Cluster:
+    name: str
+    base: Path
+    port: int = field(default_factory=free_port)
+
+    @property
+    def data(self) -> Path:
+        return self.base / f"data-{self.name}"
+
+    @property
+    def sockets(self) -> Path:
+        return self.base / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.base / f"postgres-{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{self.port}/{DATABASE}"
+
+    @property
+    def options(self) -> str:
+        return f"-k {self.sockets} -c listen_addresses=127.0.0.1"
+
+    def connect(self, timeout: int = 3) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=timeout)
+
+    def query(self, sql: str, params: Any = ()) -> list[Any]:
+        with self.connect() as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def answers(self) -> bool:
+        try:
+            self.query("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def postmaster_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        return None
+
+    def initdb(self) -> None:
+        password_file = self.base / "pw"
+        password_file.write_text(PASSWORD + "\n")
+        shutil.chown(password_file, user=PG_OS_USER) if os.geteuid() == 0 else None
+        result = as_owner(
+            str(pg_bindir() / "initdb"),
+            *("-D", str(self.data), "-U", ROLE, "-E", "UTF8", "--no-locale"),
+            *("--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={password_file}"),
+        )
+        assert result.returncode == 0, result.stderr
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                "\nwal_log_hints = on\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
+                "max_slot_wal_keep_size = 1GB\nshared_buffers = 64MB\nfsync = off\n"
+                "wal_sender_timeout = 5s\nwal_receiver_status_interval = 1s\n"
+            )
+
+    def start(self) -> None:
+        result = as_owner(
+            str(pg_bindir() / "pg_ctl"),
+            *("start", "-D", str(self.data), "-w", "-l", str(self.log)),
+            *("-o", f"-p {self.port} {self.options}"),
+        )
+        assert result.returncode == 0, result.stderr + self.log.read_text()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend (a crash)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        for target in [pid, *map(int, children)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGKILL)
+        wait_until(lambda: not _alive(pid), timeout=10, what=f"postgres {self.name} to die")
+
+    def stop(self) -> None:
+        if self.postmaster_pid() is not None:
+            as_owner(str(pg_bindir() / "pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate")
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    cluster: Cluster
+    peer: Cluster
+    listen: int
+    peer_listen: int
+    log: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.listen}"
+
+    def start(self, **extra_env: str) -> None:
+        env = {**self.env, **extra_env}
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "broker_node", "--name", self.name],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signum)
+
+    def status(self) -> dict[str, Any] | None:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "broker_node", "status", "--address", self.address],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def manage(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+
+
+@dataclass
+class Pair:
+    base: Path
+    a: NodeProcess
+    b: NodeProcess
+    redis_url: str
+
+    @property
+    def nodes(self) -> tuple[NodeProcess, NodeProcess]:
+        return self.a, self.b
+
+    @property
+    def app_url(self) -> str:
+        """What applications use: both servers, the read-write one wins."""
+        return (
+            f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{self.a.cluster.port},127.0.0.1:"
+            f"{self.b.cluster.port}/{DATABASE}?target_session_attrs=read-write&connect_timeout=2"
+        )
+
+    def app_env(self) -> dict[str, str]:
+        return {**self.a.env, "DATABASE_URL": self.app_url}
+
+    def role_of(self, node: NodeProcess) -> str | None:
+        status = node.status()
+        return None if status is None else str(status["role"])
+
+    def wait_roles(self, roles: dict[str, str], timeout: float = 60) -> None:
+        def reached() -> bool:
+            return all(
+                self.role_of(node) == roles[node.name] for node in self.nodes if node.name in roles
+            )
+
+        wait_until(reached, timeout=timeout, interval=0.25, what=f"roles {roles}\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {node.name}\n" + node.log.read_text(errors="replace")[-6000:]
+            for node in self.nodes
+        )
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        for node in self.nodes:
+            node.cluster.stop()
+
+
+@contextlib.contextmanager
+def ha_pair(redis_url: str, *, dump_dir: Path) -> Iterator[Pair]:
+    """Cluster A made and migrated, nodes A and B configured (not started);
+    B's cluster is an empty directory its node fills from A."""
+    base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-", dir="/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(base, user=PG_OS_USER)
+    (base / "run").mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(base / "run", user=PG_OS_USER)
+    a, b = Cluster("A", base), Cluster("B", base)
+    pair = None
+    try:
+        a.initdb()
+        a.start()
+        with psycopg.connect(
+            f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{a.port}/postgres", autocommit=True
+        ) as conn:
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        listen_a, listen_b = free_port(), free_port()
+        common = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("HA_", "PYTEST"))},
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "SECRET_KEY": SECRET,
+            "CELERY_BROKER_URL": redis_url,
+            "DUMP_DIR": str(dump_dir),
+            "HA_HEARTBEAT_INTERVAL": str(INTERVAL),
+            "HA_HEARTBEAT_TIMEOUT": str(TIMEOUT),
+            "HA_DISCOVERY_TIMEOUT": str(DISCOVERY),
+            "HA_PG_OS_USER": PG_OS_USER if os.geteuid() == 0 else "",
+            "HA_PG_BINDIR": str(pg_bindir()),
+            "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.5",
+            "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.5",
+        }
+
+        def node_env(me: Cluster, peer: Cluster, listen: int, peer_listen: int) -> dict[str, str]:
+            return {
+                **common,
+                "DATABASE_URL": me.url,
+                "HA_LISTEN": f"127.0.0.1:{listen}",
+                "HA_PEER": f"127.0.0.1:{peer_listen}",
+                "HA_PEER_DATABASE_URL": peer.url,
+                "HA_PGDATA": str(me.data),
+                "HA_PG_OPTIONS": me.options,
+                "HA_PG_LOG": str(me.log),
+            }
+
+        node_a = NodeProcess(
+            "A", a, b, listen_a, listen_b, base / "node-A.log", node_env(a, b, listen_a, listen_b)
+        )
+        node_b = NodeProcess(
+            "B", b, a, listen_b, listen_a, base / "node-B.log", node_env(b, a, listen_b, listen_a)
+        )
+        migrate = node_a.manage("migrate", "--noinput")
+        assert migrate.returncode == 0, migrate.stderr
+        pair = Pair(base=base, a=node_a, b=node_b, redis_url=redis_url)
+        yield pair
+    finally:
+        if pair is not None:
+            pair.stop()
+        else:
+            a.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def wait_answers(cluster: Cluster, timeout: float = 30) -> None:
+    wait_until(cluster.answers, timeout=timeout, what=f"postgres {cluster.name} to answer")
+
+
+def now() -> float:
+    return time.monotonic()
