@@ -33,6 +33,8 @@ from broker.models import (
     Heartbeat,
     Message,
     MessageState,
+    Node,
+    NodeRole,
     PoisonAlarm,
     Queue,
     QueueDepth,
@@ -479,3 +481,24 @@ def dead_letter_action_counts() -> list[RuleActionCount]:
         "queue__name", "rule_table_version", "rule", "action"
     ).values_list("queue__name", "rule_table_version", "rule", "action", "count")
     return [RuleActionCount(*row) for row in rows]
+
+
+def ha_alert() -> str:
+    """What the HA pair refuses now, for the banner on every console page:
+    ``maintenance`` (a split brain: every write), ``synchronising`` (a
+    standby rejoining: configuration changes), else "". One query on the
+    node table, which holds a row per node: two."""
+    roles = set(
+        Node.objects.filter(role__in=[NodeRole.MAINTENANCE, NodeRole.SYNCHRONISING]).values_list(
+            "role", flat=True
+        )
+    )
+    for role in (NodeRole.MAINTENANCE, NodeRole.SYNCHRONISING):
+        if role in roles:
+            return role.value
+    return ""
+
+
+def ha_node_names() -> list[str]:
+    """The names of the HA pair's nodes, as the store has them."""
+    return list(Node.objects.order_by("name").values_list("name", flat=True))

@@ -20,7 +20,7 @@ from broker.models import (
     Queue,
     ReplaySource,
 )
-from broker.selectors import dead_letter_queue_list, queue_names, topic_list
+from broker.selectors import dead_letter_queue_list, ha_node_names, queue_names, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.replay import MAX_TEXT_FILTER, ReplayFilter, ReplaySpec
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
@@ -357,3 +357,18 @@ class ArchiveSearchForm(forms.Form):
         if since and until and until <= since:
             self.add_error("until", "The time range ends before it starts.")
         return data
+
+
+def _node_choices() -> list[tuple[str, str]]:
+    # No node is chosen for the admin: the survivor is a decision to make.
+    return [("", "— choose a node —"), *((name, name) for name in ha_node_names())]
+
+
+class ResolveForm(forms.Form):
+    """The survivor of a split brain: one of the pair's nodes."""
+
+    primary = forms.ChoiceField(
+        choices=_node_choices,
+        label="Keep as primary",
+        help_text="The other node exports what only it had, then rejoins as standby.",
+    )

@@ -9,6 +9,7 @@ from console.views import (
     blacklist,
     dashboard,
     dead_letters,
+    ha,
     messages,
     ops,
     queues,
@@ -58,6 +59,10 @@ urlpatterns = [
     path("replay/<int:job_id>/cancel/", replay.replay_job_cancel_view, name="replay-cancel"),
     path("replay/<int:job_id>/run/", replay.replay_job_run_view, name="replay-run"),
     path("archive/", archive.archive, name="archive"),
+    path("ha/", ha.ha, name="ha"),
+    path("ha/switchover/", ha.ha_switchover_view, name="ha-switchover"),
+    path("ha/resolve/", ha.ha_resolve_view, name="ha-resolve"),
+    path("ha/exports/<int:export_id>/republish/", ha.ha_republish_view, name="ha-republish"),
     path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
     path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),
     path(

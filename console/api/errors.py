@@ -7,13 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from broker import errors as broker_errors
+from broker.ha.guard import refusal
+
+# What a write the store's HA guard refused raises: Django's wrapper of the
+# driver's error, or the driver's own from a COPY (publish writes with COPY,
+# which Django does not wrap). ``refusal`` reads the SQLSTATE of either.
+DATABASE_ERRORS = (DatabaseError, psycopg.Error)
 
 # An error's status is that of the nearest class in its MRO listed here; any
 # NotFound, listed or not, is 404; anything else unlisted is 400.
@@ -38,6 +46,11 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.IllegalTransition: status.HTTP_409_CONFLICT,
     broker_errors.ReplayJobBusy: status.HTTP_409_CONFLICT,
     broker_errors.NoActiveRules: status.HTTP_409_CONFLICT,
+    broker_errors.HaMaintenance: status.HTTP_503_SERVICE_UNAVAILABLE,
+    broker_errors.HaSynchronising: status.HTTP_409_CONFLICT,
+    broker_errors.StaleEpoch: status.HTTP_409_CONFLICT,
+    broker_errors.HaNodeUnreachable: status.HTTP_503_SERVICE_UNAVAILABLE,
+    broker_errors.HaCommandRefused: status.HTTP_409_CONFLICT,
 }
 
 DRF_CODES: dict[type[exceptions.APIException], str] = {
@@ -91,6 +104,11 @@ def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DATABASE_ERRORS):
+        # A write the store's HA guard refused (split brain, a standby
+        # synchronising) is the broker error it stands for; any other
+        # database error stays a 500.
+        exc = refusal(exc) or exc
     if isinstance(exc, broker_errors.BrokerError):
         extra: dict[str, Any] = {}
         if isinstance(exc, broker_errors.PayloadTooLarge):

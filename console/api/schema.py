@@ -1,5 +1,6 @@
 """The OpenAPI schema's shared parts: the error body, and the error answers
-every operation can give, added to each by a drf-spectacular hook."""
+every operation can give (every write, too, those of the HA guard), added to
+each by a drf-spectacular hook."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ COMMON = {
     "429": "Over the token's request rate (`throttled`); see Retry-After.",
 }
 WITH_BODY = {"413": "The body is larger than the server accepts."}
+# What the store's HA guard refuses (broker.ha.guard), whatever the operation.
+WRITES = {
+    "409": "Refused in the current state; among others, every configuration change (queues, "
+    "topics, subscriptions, rules tables) while an HA standby synchronises "
+    "(`ha_synchronising`).",
+    "503": "The HA pair is in maintenance after a split brain (`ha_maintenance`): writes are "
+    "refused until an admin picks the primary.",
+}
+WRITE_METHODS = {"post", "put", "patch", "delete"}
 
 
 def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -39,8 +49,12 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
     answers with the error body, beside its own."""
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for operations in result.get("paths", {}).values():
-        for operation in operations.values():
-            answers = {**COMMON, **(WITH_BODY if "requestBody" in operation else {})}
+        for method, operation in operations.items():
+            answers = {
+                **COMMON,
+                **(WITH_BODY if "requestBody" in operation else {}),
+                **(WRITES if method in WRITE_METHODS else {}),
+            }
             responses = operation.setdefault("responses", {})
             for status, description in answers.items():
                 responses.setdefault(status, {"description": description, "content": error})

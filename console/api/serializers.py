@@ -17,12 +17,17 @@ from rest_framework.settings import api_settings
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
+from broker.ha.admin import NODE_NAME_MAX_LENGTH, PairOverview
 from broker.models import (
     QUEUE_NAME_MAX_LENGTH,
     AuditEvent,
     BulkJob,
+    DivergedExport,
+    HaEvent,
+    HaEventKind,
     Message,
     MessageState,
+    Node,
     Queue,
     ReplayJob,
     ReplaySource,
@@ -915,3 +920,86 @@ class ArchivePageSerializer(serializers.Serializer[dict[str, Any]]):
     next_before_id = serializers.IntegerField(
         allow_null=True, help_text="Pass as `before_id` for the next page; null on the last."
     )
+
+
+# --- the HA pair --------------------------------------------------------------
+
+
+class HaNodeSerializer(serializers.ModelSerializer[Node]):
+    class Meta:
+        model = Node
+        fields = [
+            "name",
+            "role",
+            "mode",
+            "epoch",
+            "address",
+            "last_heartbeat_at",
+            "replication_lag_bytes",
+        ]
+        read_only_fields = fields
+
+
+class HaEventSerializer(serializers.ModelSerializer[HaEvent]):
+    # Not "kind": the schema's KindEnum is the queues' kinds.
+    event = serializers.ChoiceField(choices=HaEventKind.choices, source="kind", read_only=True)
+
+    class Meta:
+        model = HaEvent
+        fields = ["id", "created_at", "event", "node", "epoch", "detail"]
+        read_only_fields = fields
+
+
+class DivergedExportSerializer(serializers.ModelSerializer[DivergedExport]):
+    class Meta:
+        model = DivergedExport
+        fields = [
+            "id",
+            "created_at",
+            "node",
+            "path",
+            "messages",
+            "republished_at",
+            "republished_by",
+        ]
+        read_only_fields = fields
+
+
+class HaOverviewSerializer(serializers.Serializer[PairOverview]):
+    epoch = serializers.SerializerMethodField()
+    primary = serializers.SerializerMethodField()
+    maintenance = serializers.BooleanField(
+        help_text="Split brain: the store refuses every write until an admin picks the primary."
+    )
+    synchronising = serializers.BooleanField(
+        help_text="A standby is rejoining: configuration changes are refused until it is "
+        "synchronised."
+    )
+    alone = serializers.BooleanField(
+        help_text="The primary runs without a synchronous standby: a publish is on one store only."
+    )
+    nodes = HaNodeSerializer(many=True)
+    events = HaEventSerializer(many=True, help_text="Newest first.")
+    exports = DivergedExportSerializer(many=True, help_text="Newest first.")
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_epoch(self, overview: PairOverview) -> int | None:
+        return overview.pair.epoch if overview.pair else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_primary(self, overview: PairOverview) -> str | None:
+        return (overview.pair.primary_name or None) if overview.pair else None
+
+
+class HaResolveSerializer(serializers.Serializer[dict[str, str]]):
+    primary = serializers.CharField(
+        max_length=NODE_NAME_MAX_LENGTH, help_text="The node to keep as primary."
+    )
+
+
+class AcceptedSerializer(serializers.Serializer[dict[str, bool]]):
+    accepted = serializers.BooleanField(help_text="The node took the command; it runs now.")
+
+
+class RepublishedSerializer(serializers.Serializer[dict[str, int]]):
+    published = serializers.IntegerField(help_text="Messages published again.")

@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from console.api import tokens, triage, views
+from console.api import ha, tokens, triage, views
 
 
 class NameConverter:
@@ -112,5 +112,13 @@ urlpatterns = [
         "subscriptions/<name:name>/",
         views.SubscriptionDetailView.as_view(),
         name="api-subscription",
+    ),
+    path("ha/", ha.HaView.as_view(), name="api-ha"),
+    path("ha/switchover/", ha.HaSwitchoverView.as_view(), name="api-ha-switchover"),
+    path("ha/resolve/", ha.HaResolveView.as_view(), name="api-ha-resolve"),
+    path(
+        "ha/exports/<int:export_id>/republish/",
+        ha.HaExportRepublishView.as_view(),
+        name="api-ha-export-republish",
     ),
 ]

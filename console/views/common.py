@@ -22,7 +22,8 @@ from django.views import defaults
 from django_htmx.middleware import HtmxDetails
 
 from broker.errors import BrokerError, NotFound
-from console.api.errors import error_body, not_found_json
+from broker.ha.guard import refusal
+from console.api.errors import DATABASE_ERRORS, error_body, not_found_json
 from console.roles import Role, user_role
 
 
@@ -125,7 +126,9 @@ def service_errors(
     in its ``with`` block: the block stops there, ``outcome.ok`` turns False,
     and the error goes beside the fields of ``form`` it names (errors naming
     no field of the form go beside ``field``, else above the form), or,
-    without a form, to the flash area. Anything else propagates.
+    without a form, to the flash area. A write the store's HA guard refused
+    (split brain, a standby synchronising) is shown the same way, as the
+    broker error it stands for. Anything else propagates.
 
         with service_errors(request, form=form):
             queue_purge(queue=queue, confirmation=..., actor=request.user)
@@ -136,7 +139,10 @@ def service_errors(
     outcome = Outcome()
     try:
         yield outcome
-    except BrokerError as error:
+    except (BrokerError, *DATABASE_ERRORS) as raised:
+        error = raised if isinstance(raised, BrokerError) else refusal(raised)
+        if error is None:
+            raise
         outcome.ok, outcome.error = False, error
         if form is None:
             messages.error(request, error.detail)

@@ -1,0 +1,37 @@
+"""A write the store's HA guard refused, wherever it was not caught.
+
+Console views show a refusal beside their form (``service_errors``) and the
+API answers it with its error body (``console.api.errors``); any other view
+whose write the guard refuses (split brain: every write; a standby
+synchronising: configuration changes) answers 503 with a page that says
+why, or the JSON error body under /api/, rather than a 500."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from broker.ha.guard import refusal
+from console.api.errors import DATABASE_ERRORS, error_body
+
+REFUSED = 503
+
+
+class HaRefusalMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, DATABASE_ERRORS):
+            return None
+        error = refusal(exception)
+        if error is None:
+            return None
+        if request.path.startswith("/api/"):
+            return JsonResponse(error_body(error.code, error.detail), status=REFUSED)
+        return render(request, "503.html", {"error": error}, status=REFUSED)
