@@ -11,6 +11,7 @@ can reach, removed at the end.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -18,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,8 @@ from typing import Any
 
 import psycopg
 
+from broker.errors import BrokerError
+from broker.ha import wire
 from tests.harness import ROOT, _alive, free_port, wait_until
 
 PG_OS_USER = "lazaretto"
@@ -125,6 +127,15 @@ class Cluster:
         )
         assert result.returncode == 0, result.stderr + self.log.read_text()
 
+    def start_alone(self) -> None:
+        """Start the server by hand, not waiting for any synchronous standby."""
+        result = as_owner(
+            str(pg_bindir() / "pg_ctl"),
+            *("start", "-D", str(self.data), "-w", "-l", str(self.log)),
+            *("-o", f"-p {self.port} {self.options} -c synchronous_standby_names="),
+        )
+        assert result.returncode == 0, result.stderr + self.log.read_text()
+
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend (a crash)."""
         pid = self.postmaster_pid()
@@ -180,16 +191,12 @@ class NodeProcess:
         os.killpg(self.process.pid, signum)
 
     def status(self) -> dict[str, Any] | None:
-        result = subprocess.run(
-            [sys.executable, "manage.py", "broker_node", "status", "--address", self.address],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=30,
-        )
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        """What the node answers (in process: no Django start-up per look)."""
+        secret = hashlib.sha256(b"lazaretto-ha:" + SECRET.encode()).digest()
+        try:
+            return wire.call(self.address, "status", secret=secret, timeout=2.0)
+        except BrokerError:
+            return None
 
     def manage(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -235,7 +242,10 @@ class Pair:
                 self.role_of(node) == roles[node.name] for node in self.nodes if node.name in roles
             )
 
-        wait_until(reached, timeout=timeout, interval=0.25, what=f"roles {roles}\n{self.logs()}")
+        try:
+            wait_until(reached, timeout=timeout, interval=0.25, what=f"roles {roles}")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.logs()}") from None
 
     def logs(self) -> str:
         return "\n".join(
@@ -315,9 +325,85 @@ def ha_pair(redis_url: str, *, dump_dir: Path) -> Iterator[Pair]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def wait_answers(cluster: Cluster, timeout: float = 30) -> None:
-    wait_until(cluster.answers, timeout=timeout, what=f"postgres {cluster.name} to answer")
+@dataclass
+class WebServer:
+    """gunicorn on the pair (the multi-host URL), with an admin's API token."""
+
+    env: dict[str, str]
+    log: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    token: str = ""
+
+    def start(self) -> None:
+        env = {
+            **self.env,
+            "DEBUG": "0",
+            "SECURE_SSL_REDIRECT": "0",
+            "LAZARETTO_API_RATE": "1000000/s",
+        }
+        made = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", MAKE_ADMIN_TOKEN],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        self.token = made.stdout.strip().splitlines()[-1]
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "gunicorn", "console.wsgi:application"),
+                *("--bind", f"127.0.0.1:{self.port}", "--workers", "2", "--timeout", "30"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(lambda: self.get("/healthz")[0] == 200, timeout=60, what="gunicorn")
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            headers = {"Authorization": f"Token {self.token}", "Content-Type": "application/json"}
+            conn.request(
+                method, path, body=None if body is None else json.dumps(body), headers=headers
+            )
+            response = conn.getresponse()
+            data = response.read()
+            try:
+                return response.status, json.loads(data) if data else None
+            except ValueError:
+                return response.status, data.decode(errors="replace")
+        except OSError:
+            return 0, None
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return self.request("GET", path)
+
+    def publish(self, queue: str, payload: str) -> tuple[int, Any]:
+        return self.request(
+            "POST", f"/api/v1/queues/{queue}/messages/", {"messages": [{"payload": payload}]}
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
 
 
-def now() -> float:
-    return time.monotonic()
+MAKE_ADMIN_TOKEN = """
+from django.contrib.auth.models import Group, User
+from console.tokens import token_create
+user, _ = User.objects.get_or_create(username="ha-admin", defaults={"is_superuser": True, "is_staff": True})
+print(token_create(user=user, name=f"ha-{User.objects.count()}-{__import__('time').time()}")[1])
+"""

@@ -120,6 +120,8 @@ class Workers:
     extra_env: dict[str, str] = field(default_factory=dict)
     # Also a worker on the pipeline queue (the Spark jobs).
     pipeline: bool = False
+    # Beat sends the scheduled duties; without it a broker node does.
+    beat: bool = True
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -157,11 +159,13 @@ class Workers:
             "control",
             [*celery, "worker", "-Q", "control", "-c", "2", "-n", "control@%h", *quiet],
         )
-        self._spawn(
-            "beat",
-            [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat-schedule")],
-        )
-        signs = [("deliveries", "ready."), ("control", "ready."), ("beat", "Sending due")]
+        signs = [("deliveries", "ready."), ("control", "ready.")]
+        if self.beat:
+            self._spawn(
+                "beat",
+                [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat")],
+            )
+            signs.append(("beat", "Sending due"))
         if self.pipeline:
             self._spawn(
                 "pipeline",

@@ -7,12 +7,11 @@ messages each second and wakes it again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Task
 from django.conf import settings
@@ -37,17 +36,18 @@ from workers.celery import SENT_AT_HEADER, app
 from workers.pipeline import archive_launch, replay_job_launch
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def _duty(name: str, epoch: int | None) -> Iterator[None]:
+def _duty(name: str, epoch: int | None, run: Callable[[], T]) -> T | None:
     """Run the primary duty ``name`` under ``epoch`` (the broker node that
     sent it): a duty of a stale epoch does nothing but say so."""
     try:
         with primary_duty(epoch):
-            yield
+            return run()
     except StaleEpoch as stale:
         logger.warning("%s refused: %s", name, stale.detail)
+        return None
 
 
 def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
@@ -115,8 +115,7 @@ def sweep(epoch: int | None = None) -> None:
     """Requeue unanswered deliveries as suspects, set aside the poison, and
     wake a delivery task per suspect so they are isolated in parallel."""
     _observe_lag(sweep, SWEEPER_LAG)
-    with _duty("sweep", epoch):
-        _sweep()
+    _duty("sweep", epoch, _sweep)
 
 
 def _sweep() -> None:
@@ -163,8 +162,7 @@ NOTIFY_TASK_BUDGET_SECONDS = 3.0
 def notify_alarms(epoch: int | None = None) -> None:
     """Post due poison alarms to their webhooks (one runner at a time; a
     second one returns at once)."""
-    with _duty("notify_alarms", epoch):
-        _notify_alarms()
+    _duty("notify_alarms", epoch, _notify_alarms)
 
 
 def _notify_alarms() -> None:
@@ -182,8 +180,7 @@ def _notify_alarms() -> None:
 def dispatch(epoch: int | None = None) -> None:
     """Wake every queue that has due messages (new, delayed or retried)."""
     _observe_lag(dispatch, DISPATCHER_LAG)
-    with _duty("dispatch", epoch):
-        _dispatch()
+    _duty("dispatch", epoch, _dispatch)
 
 
 def _dispatch() -> None:
@@ -200,8 +197,7 @@ def _dispatch() -> None:
 @app.task(name="lazaretto.dead_letter_scan", ignore_result=True)
 def dead_letter_scan_all(epoch: int | None = None) -> None:
     """Process every dead-letter queue that has an active rules table."""
-    with _duty("dead_letter_scan", epoch):
-        _dead_letter_scan_all()
+    _duty("dead_letter_scan", epoch, _dead_letter_scan_all)
 
 
 def _dead_letter_scan_all() -> None:
@@ -258,9 +254,7 @@ def replay_job(job_id: int) -> None:
 @app.task(name="lazaretto.archive", ignore_result=True)
 def archive(epoch: int | None = None) -> None:
     """Move delivered and failed messages past retention to the archive."""
-    status = None
-    with _duty("archive", epoch):
-        status = archive_launch()
+    status = _duty("archive", epoch, archive_launch)
     if status:
         logger.warning("the archive's Spark driver exited with status %s", status)
 
@@ -268,5 +262,4 @@ def archive(epoch: int | None = None) -> None:
 @app.task(name="lazaretto.heartbeat", ignore_result=True)
 def delivery_heartbeat(epoch: int | None = None) -> None:
     """Scheduled on the deliveries queue: proves a delivery worker is taking tasks."""
-    with _duty("heartbeat", epoch):
-        heartbeat(name="deliveries")
+    _duty("heartbeat", epoch, lambda: heartbeat(name="deliveries"))

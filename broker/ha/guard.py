@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import psycopg
 from django.db import DatabaseError, connection
 
 from broker.errors import BrokerError, HaMaintenance, HaSynchronising, StaleEpoch
@@ -69,7 +70,8 @@ def primary_duty(epoch: int | None) -> Iterator[None]:
         cursor.execute("SELECT set_config('lazaretto.duty_epoch', %s, false)", [str(epoch)])
     try:
         yield
-    except DatabaseError as error:
+    except (DatabaseError, psycopg.Error) as error:
+        # psycopg's own errors come out of COPY, which Django does not wrap.
         translated = refusal(error)
         if translated is not None:
             raise translated from error

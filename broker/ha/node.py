@@ -491,6 +491,16 @@ class BrokerNode:
         if peer is not None and peer.role == NodeRole.PRIMARY and peer.seen > self._role_since:
             self._enter_maintenance(f"split brain: {peer.name} is primary too")
             return
+        if (
+            peer is not None
+            and peer.role == NodeRole.MAINTENANCE
+            and int(peer.status.get("epoch") or 0) >= self.epoch
+        ):
+            # The peer found the split brain first (a resolve advances the
+            # survivor's epoch past the loser's, so the loser's last word
+            # from maintenance is not taken for a new split brain).
+            self._enter_maintenance(f"split brain: {peer.name} found it and is in maintenance")
+            return
         if peer is not None and self._slot_for != peer.name:
             self.local.ensure_slot(slot_name(peer.name))
             self._slot_for = peer.name
@@ -524,8 +534,12 @@ class BrokerNode:
                 f"{lost} lost for {self.config.timeout:g} s: the primary goes on alone "
                 "(asynchronous)",
             )
-        synchronising = peer is not None and (
-            peer.role == NodeRole.SYNCHRONISING or (peer.role == NodeRole.STANDBY and not streaming)
+        # A standby rejoining (rewinding, catching up) blocks configuration
+        # changes until it streams caught up, the moment it turns synchronous.
+        synchronising = (
+            peer is not None
+            and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY)
+            and not streaming
         )
         wanted = "synchronising" if synchronising else ""
         if store.ha_mode != wanted:

@@ -98,8 +98,12 @@ def _connect(conninfo: str, timeout: float) -> psycopg.Connection[Any]:
         autocommit=True,
         connect_timeout=max(1, round(timeout)),
         application_name=NODE_APPLICATION_NAME,
-        # The node's own writes (epoch, node rows) pass a fenced store.
-        options="-c default_transaction_read_only=off -c statement_timeout=10000",
+        # The node's own writes (epoch, node rows) pass a fenced store and
+        # never wait for a synchronous standby that may be gone.
+        options=(
+            "-c default_transaction_read_only=off -c synchronous_commit=local"
+            " -c statement_timeout=10000"
+        ),
     )
 
 

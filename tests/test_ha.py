@@ -1,0 +1,373 @@
+"""The HA pair with real processes: two PostgreSQL clusters, two broker nodes,
+gunicorn on the multi-host URL, Celery workers; nodes and servers killed,
+stopped and restarted."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ha_harness import TIMEOUT, Pair, WebServer, ha_pair
+from tests.harness import ROOT, RedisServer, Workers, wait_until
+
+pytestmark = pytest.mark.slow
+
+QUEUE = "HA.ORDERS"
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    redis = RedisServer(tmp_path)
+    redis.start()
+    try:
+        with ha_pair(redis.url, dump_dir=tmp_path / "dumps") as made:
+            yield made
+    finally:
+        redis.stop()
+
+
+def start_pair(pair: Pair) -> None:
+    pair.a.start()
+    pair.b.start()
+    pair.wait_roles({"A": "primary", "B": "standby"})
+    wait_until(
+        lambda: (pair.a.status() or {}).get("mode") == "synchronous",
+        timeout=30,
+        what="synchronous replication",
+    )
+
+
+def shell(env: dict[str, str], code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def make_queue(env: dict[str, str]) -> None:
+    shell(
+        env,
+        "from broker.models import Queue; "
+        f"Queue.objects.get_or_create(name={QUEUE!r}, defaults={{'consumer': 'demo'}})",
+    )
+
+
+class Publisher(threading.Thread):
+    """Publishes p-0, p-1, … one at a time through the API, each retried
+    until answered 201 (what a client of a failing-over server does)."""
+
+    def __init__(self, web: WebServer) -> None:
+        super().__init__(daemon=True)
+        self.web = web
+        self.acked: list[str] = []
+        self.failures = 0
+        self.longest_gap = 0.0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        number = 0
+        last_ack = time.monotonic()
+        while not self.stopping.is_set():
+            payload = f"p-{number}"
+            status, _ = self.web.publish(QUEUE, payload)
+            if status == 201:
+                now = time.monotonic()
+                self.longest_gap = max(self.longest_gap, now - last_ack)
+                last_ack = now
+                self.acked.append(payload)
+                number += 1
+            else:
+                self.failures += 1
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+
+
+def payloads_in(pair: Pair, cluster_name: str) -> list[str]:
+    cluster = pair.a.cluster if cluster_name == "A" else pair.b.cluster
+    rows = cluster.query(
+        "SELECT convert_from(m.payload, 'UTF8') FROM broker_message m "
+        "JOIN broker_queue q ON q.id = m.queue_id WHERE q.name = %s",
+        [QUEUE],
+    )
+    return [row[0] for row in rows]
+
+
+def test_failover_keeps_every_acknowledged_publish_and_the_old_primary_rejoins(
+    pair: Pair, tmp_path: Path
+) -> None:
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    workers = Workers(
+        tmp_path, pair.redis_url, beat=False, extra_env={"DATABASE_URL": pair.app_url}
+    )
+    workers.start()
+    publisher = Publisher(web)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 50, timeout=60, what="publishing")
+        acked_before = len(publisher.acked)
+
+        killed = time.monotonic()
+        pair.a.kill()
+        pair.a.cluster.kill()
+        pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
+        took = time.monotonic() - killed
+        assert took <= TIMEOUT + 2 + 1.5, f"failover took {took:.1f}s\n{pair.logs()}"
+
+        wait_until(
+            lambda: len(publisher.acked) >= acked_before + 30,
+            timeout=60,
+            what=f"publishing to resume\n{web.log.read_text()[-3000:]}",
+        )
+        publisher.stop()
+        stored = set(payloads_in(pair, "B"))
+        missing = [p for p in publisher.acked if p not in stored]
+        assert not missing, f"{len(missing)} acknowledged publish(es) lost: {missing[:10]}"
+
+        # The workers, on the new primary, deliver everything.
+        def all_delivered() -> bool:
+            [(waiting,)] = pair.b.cluster.query(
+                "SELECT count(*) FROM broker_message WHERE state <> 'DLVD'"
+            )
+            return waiting == 0
+
+        wait_until(all_delivered, timeout=90, what="every message delivered")
+        delivered = {r["id"] for r in workers.records()}
+        stored_ids = {row[0] for row in pair.b.cluster.query("SELECT id FROM broker_message")}
+        assert stored_ids <= delivered
+
+        # A comes back: it rejoins as standby; while it synchronises, a
+        # configuration change is refused with the error, afterwards it works.
+        pair.a.start()
+        wait_until(
+            lambda: pair.role_of(pair.a) == "synchronising",
+            timeout=60,
+            interval=0.05,
+            what=f"A synchronising\n{pair.logs()}",
+        )
+        answers: list[tuple[int, Any]] = []
+
+        def config_change() -> tuple[int, Any]:
+            name = f"HA.NEW.{len(answers)}"
+            answers.append(
+                web.request("POST", "/api/v1/queues/", {"name": name, "consumer": "noop"})
+            )
+            return answers[-1]
+
+        try:
+            refused = wait_until(
+                lambda: (lambda r: r if r[0] == 409 else None)(config_change()),
+                timeout=30,
+                interval=0.05,
+                what="a configuration change refused",
+            )
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}: {answers[:3]} … {answers[-3:]}\n{pair.logs()}"
+            ) from None
+        assert refused[1]["code"] == "ha_synchronising"
+        assert "synchronisation" in refused[1]["detail"]
+        pair.wait_roles({"A": "standby", "B": "primary"}, timeout=90)
+        wait_until(
+            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
+            timeout=30,
+            what="synchronous again",
+        )
+        wait_until(
+            lambda: web.request(
+                "POST", "/api/v1/queues/", {"name": "HA.AFTER", "consumer": "noop"}
+            )[0]
+            == 201,
+            timeout=10,
+            what="the configuration change to go through",
+        )
+        [(epoch,)] = pair.b.cluster.query("SELECT epoch FROM broker_hapair")
+        kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
+        assert "failover" in kinds
+        actions = {row[0] for row in pair.b.cluster.query("SELECT action FROM broker_auditevent")}
+        assert "ha.failover" in actions
+        assert epoch >= 2
+    finally:
+        publisher.stopping.set()
+        workers.stop()
+        web.stop()
+
+
+def test_a_second_node_of_a_live_name_refuses_to_start(pair: Pair) -> None:
+    start_pair(pair)
+    same_address = pair.a.manage("broker_node", "--name", "A", timeout=60)
+    assert same_address.returncode != 0
+    assert "Is a node already running there?" in same_address.stderr
+
+    elsewhere = subprocess.run(
+        [sys.executable, "manage.py", "broker_node", "--name", "A"],
+        cwd=ROOT,
+        env={**pair.a.env, "HA_LISTEN": f"127.0.0.1:{pair.a.listen + 1}"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert elsewhere.returncode != 0
+    assert "a node named 'A' is already live" in elsewhere.stderr
+
+    unknown = pair.a.manage("broker_node", "resolve", "--primary", "C", "--address", pair.a.address)
+    assert unknown.returncode != 0
+    assert "no node named 'C'" in unknown.stderr
+
+
+def test_switchover_under_traffic_loses_nothing(pair: Pair, tmp_path: Path) -> None:
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    publisher = Publisher(web)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
+        done = pair.a.manage("broker_node", "switchover", "--address", pair.a.address)
+        assert done.returncode == 0, done.stderr + pair.logs()
+        pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
+        count = len(publisher.acked)
+        wait_until(lambda: len(publisher.acked) >= count + 30, timeout=60, what="publishing again")
+        publisher.stop()
+        stored = payloads_in(pair, "B")
+        assert set(publisher.acked) <= set(stored)
+        # Nothing twice, beyond a publish whose answer was lost in the switch.
+        assert len(stored) - len(set(stored)) == 0
+        assert len(stored) <= len(publisher.acked) + publisher.failures
+        kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
+        assert "switchover" in kinds
+    finally:
+        publisher.stopping.set()
+        web.stop()
+
+
+def test_a_stale_primary_runs_no_duty(pair: Pair, tmp_path: Path) -> None:
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    [(old_epoch,)] = pair.a.cluster.query("SELECT epoch FROM broker_hapair")
+
+    pair.a.signal(signal.SIGSTOP)
+    try:
+        pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
+    finally:
+        pair.a.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    [(new_epoch,)] = pair.b.cluster.query("SELECT epoch FROM broker_hapair")
+    assert new_epoch > old_epoch
+    pair.wait_roles({"A": "standby", "B": "primary"}, timeout=90)
+    log = pair.a.log.read_text()
+    assert "discovering again" in log
+    after_resume = log[log.index("discovering again") :]
+    assert f"sending under epoch {old_epoch}" not in after_resume
+    assert time.monotonic() - resumed < 90
+
+    # A duty of the old epoch, run against the pair, changes nothing; the
+    # same duty under the current epoch does its work.
+    lease = (
+        "from datetime import timedelta; from django.utils import timezone; "
+        "from broker.models import Message, Queue; "
+        f"q = Queue.objects.get(name={QUEUE!r}); "
+        "m = Message.objects.create(queue=q, payload=b'leased', state='DLNG', attempts=1, "
+        "lease_owner='gone', lease_deadline=timezone.now() - timedelta(seconds=60)); print(m.id)"
+    )
+    message_id = int(shell(env, lease))
+    state = f"from broker.models import Message; print(Message.objects.get(id={message_id}).state)"
+    shell(env, f"from workers.tasks import sweep; sweep(epoch={old_epoch})")
+    assert shell(env, state) == "DLNG"
+    shell(env, f"from workers.tasks import sweep; sweep(epoch={new_epoch})")
+    assert shell(env, state) == "TBDL"
+
+
+def test_split_brain_goes_to_maintenance_and_resolve_exports_the_losers_messages(
+    pair: Pair, tmp_path: Path
+) -> None:
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    # The web's token is made while both stores share everything.
+    web = WebServer(env, tmp_path / "web.log")
+    try:
+        web.start()
+        split_brain_and_resolve(pair, web)
+    finally:
+        web.stop()
+
+
+def split_brain_and_resolve(pair: Pair, web: WebServer) -> None:
+    pair.a.kill()
+    pair.a.cluster.kill()
+    pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
+
+    # A's server alone takes three publishes B never sees.
+    a = pair.a.cluster
+    a.start_alone()
+    shell(
+        {**pair.a.env, "DATABASE_URL": a.url},
+        "from broker.services.publish import NewMessage, messages_publish; "
+        f"messages_publish(queue_name={QUEUE!r}, "
+        "messages=[NewMessage(payload=f'only-on-A-{i}'.encode()) for i in range(3)])",
+    )
+    a.stop()
+
+    # A restarted standalone acts as primary while B is: both go to maintenance.
+    pair.a.start(HA_STARTUP_MODE="standalone")
+    pair.wait_roles({"A": "maintenance", "B": "maintenance"}, timeout=60)
+    status, body = web.publish(QUEUE, "during split brain")
+    assert status == 503, body
+    assert body["code"] == "ha_maintenance"
+
+    resolved = pair.b.manage(
+        "broker_node", "resolve", "--primary", "B", "--address", pair.b.address
+    )
+    assert resolved.returncode == 0, resolved.stderr + pair.logs()
+    pair.wait_roles({"A": "standby", "B": "primary"}, timeout=90)
+
+    exports = pair.b.cluster.query("SELECT node, path, messages FROM broker_divergedexport")
+    assert [(row[0], row[2]) for row in exports] == [("A", 3)]
+    lines = [json.loads(line) for line in Path(exports[0][1]).read_text().splitlines()]
+    assert sorted(base64.b64decode(doc["payload_base64"]).decode() for doc in lines) == [
+        "only-on-A-0",
+        "only-on-A-1",
+        "only-on-A-2",
+    ]
+    assert "only-on-A-0" not in payloads_in(pair, "B")
+    answers: list[tuple[int, Any]] = []
+
+    def resumed() -> bool:
+        answers.append(web.publish(QUEUE, "after resolve"))
+        return answers[-1][0] == 201
+
+    try:
+        wait_until(resumed, timeout=30, what="service to resume")
+    except AssertionError as error:
+        raise AssertionError(f"{error}: last answer {answers[-1]}\n{pair.logs()}") from None
+    kinds = {row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")}
+    assert {"split_brain", "resolved"} <= kinds
