@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Run Lazaretto locally: the console web server (gunicorn), the Celery delivery worker,
-# the control worker (sweeper, dispatcher, alarm webhook) and beat.
+# the control worker (sweeper, dispatcher, alarm webhook), the pipeline worker and a
+# broker node, which sends the primary's duties (one node alone: HA_STARTUP_MODE
+# standalone, no peer). scripts/run-ha.sh starts an HA pair of nodes instead and
+# sets LAZARETTO_RUN_NODE=0.
 # Normally started by `make run`, which has already migrated, loaded demo data and
 # put DATABASE_URL / CELERY_BROKER_URL (var/services.env) in the environment.
 #
@@ -82,8 +85,10 @@ start_bg celery-control "$CELERY" -A workers worker -Q control -c 2 -n control@%
     --logfile "$REPO/var/log/celery-control.log"
 start_bg celery-pipeline "$CELERY" -A workers worker -Q pipeline -c 1 -n pipeline@%h -l info \
     --logfile "$REPO/var/log/celery-pipeline.log"
-start_bg celery-beat "$CELERY" -A workers beat -l info \
-    --schedule "$REPO/var/celerybeat-schedule" --logfile "$REPO/var/log/celery-beat.log"
+if [ "${LAZARETTO_RUN_NODE:-1}" = "1" ]; then
+    start_bg broker-node env HA_STARTUP_MODE=standalone HA_PEER= \
+        "$PY" manage.py broker_node --name "${LAZARETTO_NODE_NAME:-local}"
+fi
 
 # The console web server: gunicorn (console/gunicorn_conf.py), its error and
 # access logs on this script's output. This script stays attached to it and

@@ -6,6 +6,9 @@
 #   scripts/services.sh status   show what runs and the URLs (exit 0: both run, 1: one runs, 3: none)
 #   scripts/services.sh env      print var/services.env
 #   scripts/services.sh purge    stop, then delete var/ and any cluster kept outside the repo
+#   scripts/services.sh ha-info  shell assignments for an HA pair on this machine (scripts/run-ha.sh):
+#                                the cluster's data and socket dirs, its tools and owner, and an
+#                                empty directory beside it for the standby's cluster
 #
 # A service is only started for a variable that is NOT already set by the caller:
 # DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis). var/services.env
@@ -288,6 +291,10 @@ $PG_CONF_HEADER
 listen_addresses = '127.0.0.1'
 max_connections = 200
 shared_buffers = 256MB
+# For the HA pair (scripts/run-ha.sh): pg_rewind needs wal_log_hints, and a
+# replication slot of a standby that is gone keeps at most this much WAL.
+wal_log_hints = on
+max_slot_wal_keep_size = 1GB
 # port and unix_socket_directories are passed by scripts/services.sh on start
 EOF
 }
@@ -569,9 +576,21 @@ cmd_start() {
 cmd_stop() {
     [ -d "$VAR" ] || { msg "nothing to stop"; return 0; }
     lock
+    stop_pg_standby
     stop_pg
     stop_redis
     msg "stopped"
+}
+
+# stop_pg_standby: the HA standby's cluster (scripts/run-ha.sh), if it runs.
+stop_pg_standby() {
+    local data
+    resolve_pg_base 0 || return 0
+    data="$(dirname "$PGBASE")/pg-b/data"
+    [ -f "$data/postmaster.pid" ] || return 0
+    if [ -z "$PGBIN" ]; then PGBIN="$(find_pg_bindir)" || return 0; fi
+    as_pg "$PGBIN/pg_ctl" stop -D "$data" -m fast -w >/dev/null 2>&1 || true
+    msg "stopped the standby's postgres"
 }
 
 cmd_status() {
@@ -617,6 +636,19 @@ cmd_purge() {
     msg "removed var/"
 }
 
+cmd_ha_info() {
+    local standby
+    ensure_pg_binaries
+    resolve_pg_base 0 || die "no cluster yet; run 'scripts/services.sh start' first"
+    standby="$(dirname "$PGBASE")/pg-b"
+    mkdir -p "$standby"
+    if is_root; then chown "$PG_OS_USER:" "$standby"; fi
+    chmod 700 "$standby"
+    printf 'PG_DATA=%q\nPG_SOCKETS=%q\nPG_BINDIR=%q\nPG_OS_USER=%q\nPG_STANDBY_DATA=%q\n' \
+        "$PGDATA_DIR" "$PGSOCK_DIR" "$PGBIN" "$(is_root && echo "$PG_OS_USER" || true)" \
+        "$standby/data"
+}
+
 main() {
     local cmd="${1:-}"
     case "$cmd" in
@@ -625,8 +657,9 @@ main() {
         status) cmd_status ;;
         env) cmd_env ;;
         purge) cmd_purge ;;
+        ha-info) cmd_ha_info ;;
         *)
-            printf 'services: usage: %s {start|stop|status|env|purge}\n' "$0" >&2
+            printf 'services: usage: %s {start|stop|status|env|purge|ha-info}\n' "$0" >&2
             exit 2
             ;;
     esac
