@@ -77,10 +77,20 @@ def wait_for(condition, what: str, timeout: float = 10) -> None:
         time.sleep(0.2)
 
 
+def node_roles(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return [(name, role) for name, role in conn.execute("SELECT name, role FROM broker_node")]
+
+
 def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
     port = free_port()
     log = tmp_path / "make-run.log"
-    env = {**os.environ, "DATABASE_URL": fresh_database_url, "PORT": str(port)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": fresh_database_url,
+        "PORT": str(port),
+        "HA_LISTEN": f"127.0.0.1:{free_port()}",
+    }
     with log.open("w") as out:
         process = subprocess.Popen(
             ["make", "run"],
@@ -115,6 +125,9 @@ def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
         assert any("gunicorn" in command for command in commands_in_session(process.pid))
         assert "runserver" not in " ".join(commands_in_session(process.pid))
         wait_for(lambda: '"GET /healthz HTTP/1.1" 200' in log.read_text(), "the access log line")
+        # One broker node alone sends the duties, as primary of a pair of one.
+        assert any("broker_node" in command for command in commands_in_session(process.pid))
+        wait_for(lambda: node_roles(fresh_database_url) == [("local", "primary")], "the node")
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
