@@ -18,6 +18,7 @@ from django.db.models import (
     Func,
     IntegerField,
     OuterRef,
+    Q,
     QuerySet,
     Sum,
     Value,
@@ -484,19 +485,21 @@ def dead_letter_action_counts() -> list[RuleActionCount]:
 
 
 def ha_alert() -> str:
-    """What the HA pair refuses now, for the banner on every console page:
-    ``maintenance`` (a split brain: every write), ``synchronising`` (a
-    standby rejoining: configuration changes), else "". One query on the
-    node table, which holds a row per node: two."""
-    roles = set(
-        Node.objects.filter(role__in=[NodeRole.MAINTENANCE, NodeRole.SYNCHRONISING]).values_list(
-            "role", flat=True
-        )
+    """What the HA pair's state costs now, for the banner on every console
+    page: ``maintenance`` (a split brain: every write refused),
+    ``synchronising`` (a standby rejoining: configuration changes refused),
+    ``alone`` (the primary lost its standby: a publish is on one store), else
+    "". One query on the node table, which holds a row per node: two."""
+    rows = set(
+        Node.objects.filter(
+            Q(role__in=[NodeRole.MAINTENANCE, NodeRole.SYNCHRONISING])
+            | Q(role=NodeRole.PRIMARY, mode="alone")
+        ).values_list("role", flat=True)
     )
     for role in (NodeRole.MAINTENANCE, NodeRole.SYNCHRONISING):
-        if role in roles:
+        if role in rows:
             return role.value
-    return ""
+    return "alone" if NodeRole.PRIMARY in rows else ""
 
 
 def ha_node_names() -> list[str]:

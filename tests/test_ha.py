@@ -136,7 +136,9 @@ def test_failover_keeps_every_acknowledged_publish_and_the_old_primary_rejoins(
         pair.a.cluster.kill()
         pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
         took = time.monotonic() - killed
-        assert took <= TIMEOUT + 2 + 1.5, f"failover took {took:.1f}s\n{pair.logs()}"
+        # The target is the heartbeat timeout + 2 s; the status is polled
+        # every 0.1 s.
+        assert took <= TIMEOUT + 2 + 0.3, f"failover took {took:.1f}s\n{pair.logs()}"
 
         wait_until(
             lambda: len(publisher.acked) >= acked_before + 30,

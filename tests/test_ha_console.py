@@ -241,6 +241,18 @@ def test_every_page_shows_a_split_brain_and_a_synchronising_standby(viewer):
     assert 'data-ha-banner="alone"' not in synchronising.content.decode()
 
 
+def test_the_dashboard_says_when_the_primary_runs_without_its_standby(viewer):
+    client = logged_in(viewer)
+    pair(a_mode="alone", b="unreachable")
+    alone = client.get("/").content.decode()
+    Node.objects.filter(name="B").delete()
+    Node.objects.filter(name="A").update(mode="standalone")
+    standalone = client.get("/").content.decode()
+
+    assert 'data-ha-banner="alone"' in alone
+    assert "data-ha-banner" not in standalone
+
+
 def test_the_banner_costs_one_query_and_none_in_an_htmx_answer(viewer):
     client = logged_in(viewer)
     client.get("/")  # sessions, groups: cached from here on

@@ -471,7 +471,9 @@ class BrokerNode:
         self._standby_streaming_seen = None
         self._slot_for = None
         self._peer = None
-        self._set_role(NodeRole.PRIMARY, "alone")
+        # "alone": a pair's primary without its standby; "standalone": one
+        # node with no peer at all (make run), nothing missing.
+        self._set_role(NodeRole.PRIMARY, "alone" if self.config.peer else "standalone")
         self._record(kind, f"{self.config.name} is primary at epoch {self.epoch}: {detail}")
         self.duties.start(self.epoch)
 
