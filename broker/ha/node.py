@@ -310,8 +310,10 @@ class BrokerNode:
 
     def tick(self) -> None:
         now = self.clock()
-        if self._last_tick is not None and now - self._last_tick > self.config.timeout:
-            self._resume_after_pause(now - self._last_tick)
+        paused = self._last_tick is not None and now - self._last_tick > self.config.timeout
+        if paused and self.config.peer:
+            # Without a peer, nobody could have taken over meanwhile.
+            self._resume_after_pause(now - (self._last_tick or now))
         self._last_tick = now
         self._exchange()
         self._store = self.local.probe()
@@ -549,6 +551,8 @@ class BrokerNode:
 
     def _standby(self, store: Probe | None) -> None:
         now = self.clock()
+        if store is None and self.local.pgdata is not None:
+            self._ensure_server_up()  # it stopped: start it again, as the standby it is
         peer = self._fresh_peer()
         if peer is not None and peer.role == NodeRole.PRIMARY:
             self._primary_seen = peer.seen
