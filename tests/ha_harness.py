@@ -102,7 +102,8 @@ class Cluster:
             return int((self.data / "postmaster.pid").read_text().split()[0])
         return None
 
-    def initdb(self) -> None:
+    def initdb(self, *, durable: bool = False) -> None:
+        """Make the cluster; ``fsync = off`` for the tests' speed unless ``durable``."""
         password_file = self.base / "pw"
         password_file.write_text(PASSWORD + "\n")
         shutil.chown(password_file, user=PG_OS_USER) if os.geteuid() == 0 else None
@@ -115,8 +116,9 @@ class Cluster:
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 "\nwal_log_hints = on\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
-                "max_slot_wal_keep_size = 1GB\nshared_buffers = 64MB\nfsync = off\n"
-                "wal_sender_timeout = 5s\nwal_receiver_status_interval = 1s\n"
+                "max_slot_wal_keep_size = 1GB\nshared_buffers = 64MB\n"
+                + ("" if durable else "fsync = off\n")
+                + "wal_sender_timeout = 5s\nwal_receiver_status_interval = 1s\n"
             )
 
     def start(self) -> None:
@@ -243,7 +245,7 @@ class Pair:
             )
 
         try:
-            wait_until(reached, timeout=timeout, interval=0.25, what=f"roles {roles}")
+            wait_until(reached, timeout=timeout, interval=0.1, what=f"roles {roles}")
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.logs()}") from None
 
@@ -261,9 +263,11 @@ class Pair:
 
 
 @contextlib.contextmanager
-def ha_pair(redis_url: str, *, dump_dir: Path) -> Iterator[Pair]:
+def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterator[Pair]:
     """Cluster A made and migrated, nodes A and B configured (not started);
-    B's cluster is an empty directory its node fills from A."""
+    B's cluster is an empty directory its node fills from A (with A's
+    postgresql.conf). ``durable`` leaves fsync on (the benches); the tests
+    turn it off for speed."""
     base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-", dir="/tmp"))
     if os.geteuid() == 0:
         shutil.chown(base, user=PG_OS_USER)
@@ -273,7 +277,7 @@ def ha_pair(redis_url: str, *, dump_dir: Path) -> Iterator[Pair]:
     a, b = Cluster("A", base), Cluster("B", base)
     pair = None
     try:
-        a.initdb()
+        a.initdb(durable=durable)
         a.start()
         with psycopg.connect(
             f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{a.port}/postgres", autocommit=True
