@@ -171,3 +171,10 @@ class HaCommandRefused(BrokerError):
     without a split brain, a switchover without a synchronised standby."""
 
     code = "ha_command_refused"
+
+
+class StoreUnavailable(BrokerError):
+    """The message store cannot be reached or takes no writes now: a
+    failover or a switchover is under way. Retrying shortly succeeds."""
+
+    code = "store_unavailable"

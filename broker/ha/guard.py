@@ -16,7 +16,13 @@ from collections.abc import Iterator
 import psycopg
 from django.db import DatabaseError, connection
 
-from broker.errors import BrokerError, HaMaintenance, HaSynchronising, StaleEpoch
+from broker.errors import (
+    BrokerError,
+    HaMaintenance,
+    HaSynchronising,
+    StaleEpoch,
+    StoreUnavailable,
+)
 
 # The guard trigger's SQLSTATEs (broker/migrations/0010_ha.py).
 SQLSTATE_MAINTENANCE = "LZ001"
@@ -30,10 +36,27 @@ _ERRORS: dict[str, type[BrokerError]] = {
 }
 
 
+# No primary to be had: the connection failed or was ended (a server down, a
+# fenced one ending its sessions), or the server takes no writes (a standby,
+# a fenced primary).
+_UNAVAILABLE_SQLSTATES = {"57P01", "57P02", "57P03", "25006"}
+UNAVAILABLE_DETAIL = (
+    "The message store cannot take this request now: a failover or switchover of the HA "
+    "pair may be under way. Retry in a few seconds."
+)
+
+
 def refusal(error: BaseException) -> BrokerError | None:
-    """The broker error for a write the HA guard refused, else None."""
+    """The broker error for a database error the HA pair explains (a write
+    the HA guard refused, or no primary to be had), else None."""
     cause = error.__cause__ if isinstance(error, DatabaseError) else error
     sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError) and (
+        sqlstate is None or sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_SQLSTATES
+    ):
+        return StoreUnavailable(UNAVAILABLE_DETAIL)
+    if sqlstate in _UNAVAILABLE_SQLSTATES:
+        return StoreUnavailable(UNAVAILABLE_DETAIL)
     if sqlstate not in _ERRORS:
         return None
     diag = getattr(cause, "diag", None)

@@ -5,7 +5,6 @@ handler's actions by rule, and heartbeats."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import partial
 
 from django.db import connection, transaction
 from django.db.models.functions import Now
@@ -88,7 +87,9 @@ def minute_count_on_commit(*, queue_id: int, **counts: int) -> None:
     outside one): a rolled-back change counts nothing, and the counter rows
     are never held for the rest of a transaction that locks messages."""
     if any(counts.values()):
-        transaction.on_commit(partial(minute_count, queue_id=queue_id, **counts), robust=True)
+        # A closure, not functools.partial: a robust hook that fails is logged
+        # by its __qualname__, which a partial lacks.
+        transaction.on_commit(lambda: minute_count(queue_id=queue_id, **counts), robust=True)
 
 
 def queue_ids_by_name(names: Iterable[str]) -> dict[str, int]:

@@ -28,7 +28,6 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -110,7 +109,7 @@ def messages_sweep() -> SweepResult:
     with transaction.atomic():
         ended = messages_requeue_unanswered(dead_owners=dead, overdue_seconds=overdue_seconds())
         # Said once committed, before what becomes of the poison among them.
-        transaction.on_commit(partial(_log_unanswered, ended), robust=True)
+        transaction.on_commit(lambda: _log_unanswered(ended), robust=True)
         quarantined, purged = messages_set_aside_poison(reasons=poison_reasons(ended))
     gone = set(quarantined) | set(purged)
     requeued = [message for message in ended if message.id not in gone]

@@ -51,6 +51,7 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.StaleEpoch: status.HTTP_409_CONFLICT,
     broker_errors.HaNodeUnreachable: status.HTTP_503_SERVICE_UNAVAILABLE,
     broker_errors.HaCommandRefused: status.HTTP_409_CONFLICT,
+    broker_errors.StoreUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
 DRF_CODES: dict[type[exceptions.APIException], str] = {
