@@ -434,8 +434,9 @@ class BrokerNode:
                 self._clone()
                 return False
             if not self.local.running():
-                self.local.fence_stopped()
-                self.local.start()
+                with self._long_step():  # crash recovery may take a while
+                    self.local.fence_stopped()
+                    self.local.start()
                 return False
         except PostgresError as error:
             self._say("server", f"PostgreSQL: {error}")

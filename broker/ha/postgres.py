@@ -325,6 +325,11 @@ class Server:
         if options:
             args += ["-o", options]
         if self.log_file is not None:
+            # pg_ctl opens the log as the cluster's owner: the file is made
+            # here and handed over, so its directory may be any.
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self.log_file.touch()
+            self._chown(self.log_file)
             args += ["-l", str(self.log_file)]
         self.disconnect()
         self.run("pg_ctl", *args)
