@@ -37,7 +37,7 @@ endef
 # changes nothing. The cluster and `make run`'s database are always durable.
 LAZARETTO_TEST_DB_PROFILE ?= fast
 
-.PHONY: help venv services stop test run lint fmt bench clean
+.PHONY: help venv services stop test run run-ha lint fmt bench clean
 
 help:
 	@echo "make venv      create .venv and install requirements.txt (only when it changed)"
@@ -45,6 +45,7 @@ help:
 	echo "make stop      stop them"
 	echo "make test      ruff check, ruff format --check, mypy, pytest"
 	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT))"
+	echo "make run-ha    the same with an HA pair: two broker nodes, a second PostgreSQL cluster"
 	echo "make lint      ruff check + ruff format --check + mypy"
 	echo "make fmt       ruff format + ruff check --fix"
 	echo "make bench     run every bench (python -m bench.NAME)"
@@ -103,6 +104,18 @@ run: venv services
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 	exec scripts/run.sh
+
+# The same as run, with an HA pair of broker nodes on this machine: node A
+# owns the project cluster, node B clones a second one (scripts/run-ha.sh).
+run-ha: venv services
+	@$(load_env)
+	export PORT="$(PORT)"
+	export LAZARETTO_CONSUMER_MODULES="$${LAZARETTO_CONSUMER_MODULES:-demo_consumers}"
+	set -x
+	bash scripts/spark.sh
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py demo
+	exec scripts/run-ha.sh
 
 bench: venv services
 	@$(load_env)
