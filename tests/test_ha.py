@@ -260,8 +260,9 @@ def test_switchover_under_traffic_loses_nothing(pair: Pair, tmp_path: Path) -> N
         publisher.stop()
         stored = payloads_in(pair, "B")
         assert set(publisher.acked) <= set(stored)
-        # Nothing twice, beyond a publish whose answer was lost in the switch.
-        assert len(stored) - len(set(stored)) == 0
+        # Nothing twice, beyond a publish committed while its session was
+        # ended by the switch (the client saw an error, and retried it).
+        assert len(stored) - len(set(stored)) <= publisher.failures
         assert len(stored) <= len(publisher.acked) + publisher.failures
         kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
         assert "switchover" in kinds
