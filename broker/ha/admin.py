@@ -10,17 +10,21 @@ that follow.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import DatabaseError
 
 from broker.errors import HaCommandRefused, HaNodeUnreachable, InvalidInput
 from broker.ha import wire
 from broker.models import DivergedExport, HaEvent, HaPair, Node
 from broker.services.audit import audit_record
+
+logger = logging.getLogger(__name__)
 
 NODE_NAME_MAX_LENGTH = 64
 COMMAND_TIMEOUT_SECONDS = 3.0
@@ -127,4 +131,10 @@ def ha_status(*, addresses: Sequence[str]) -> dict[str, Any]:
 
 
 def _audit(action: str, actor: User | None, reason: str) -> None:
-    audit_record(action=action, actor=actor, reason=reason)
+    """The admin's request, once a node accepted it. The nodes record the
+    role changes that follow themselves; by now the store may have ended
+    this session (a switchover does), so a failure here is only logged."""
+    try:
+        audit_record(action=action, actor=actor, reason=reason)
+    except DatabaseError as error:
+        logger.warning("%s accepted, but its audit event could not be written: %s", action, error)
