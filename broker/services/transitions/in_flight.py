@@ -50,7 +50,7 @@ UPDATE broker_message AS m
 SET state = 'DLNG', lease_owner = %(owner)s,
     lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
     attempts = m.attempts + 1, updated_at = now()
-FROM due WHERE m.id = due.id
+FROM due WHERE m.id = due.id AND {guard(T.CLAIM)}
 RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
 """  # noqa: S608
 
@@ -113,7 +113,7 @@ WITH ended AS (
     SELECT m.id, e.crashed, e.lease_owner,
            m.crash_count + e.crashed::int AS crash_count,
            m.timeout_count + (NOT e.crashed)::int AS timeout_count
-    FROM ended AS e JOIN broker_message AS m ON m.id = e.id
+    FROM ended AS e JOIN broker_message AS m ON m.id = e.id AND {guard(T.REQUEUE_UNANSWERED)}
 )
 UPDATE broker_message AS m
 SET state = 'TBDL', suspect = true, crash_count = c.crash_count,
@@ -127,7 +127,7 @@ SET state = 'TBDL', suspect = true, crash_count = c.crash_count,
     last_error = CASE WHEN c.crashed THEN 'the delivering worker died'
                       ELSE 'no answer within the lease (' || q.lease_seconds || ' s)' END
 FROM counted AS c, broker_queue AS q
-WHERE m.id = c.id AND q.id = m.queue_id
+WHERE m.id = c.id AND {guard(T.REQUEUE_UNANSWERED)} AND q.id = m.queue_id
 RETURNING m.id, m.queue_id, c.crashed, m.crash_count, m.timeout_count, m.attempts,
           q.crash_threshold, q.poison_limit, q.name, c.lease_owner
 """  # noqa: S608

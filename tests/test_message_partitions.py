@@ -1,0 +1,105 @@
+"""Delivered messages leave the hot table: broker_message is partitioned by
+state (migration 0011), acknowledged messages move to the delivered
+partition, and the live partition stays the size of the backlog however much
+is delivered."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from broker.models import Message, MessageState
+from broker.selectors import queue_depths
+from broker.services.delivery import queue_deliver
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+from broker.services.transitions.blacklist import message_fail
+from broker.services.transitions.in_flight import CLAIM_SQL
+from tests.test_delivery_service import lease
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = MessageState
+
+
+def partition_of() -> dict[int, tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, tableoid::regclass::text, state FROM broker_message")
+        return {id_: (table, state) for id_, table, state in cursor.fetchall()}
+
+
+def live_pages() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM broker_message_live")
+        cursor.execute("SELECT pg_relation_size('broker_message_live') / 8192")
+        return cursor.fetchone()[0]
+
+
+def test_acknowledged_messages_move_to_the_delivered_partition_and_nothing_else_does():
+    queue = queue_create(name="Q", consumer="noop", batch_size=4)
+    ids = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 10)
+
+    queue_deliver(queue_id=queue.id, worker="test:1")  # 4 delivered
+    in_flight = lease(queue, 2)  # 2 in flight, their worker gone
+    Message.objects.filter(id=ids[-1]).update(state=S.NOT_DELIVERABLE)
+    message_fail(message_id=ids[-1], actor=None)
+
+    where = partition_of()
+    assert sorted(where.values()) == sorted(
+        [("broker_message_delivered", "DLVD")] * 4
+        + [("broker_message_live", "DLNG")] * 2
+        + [("broker_message_live", "TBDL")] * 3
+        + [("broker_message_live", "FAIL")]
+    )
+    assert {where[id_] for id_ in in_flight} == {("broker_message_live", "DLNG")}
+    # The counters see a move between partitions as the state change it is.
+    assert queue_depths(queue_ids=[queue.id])[queue.id] == {
+        "TBDL": 3,
+        "DLNG": 2,
+        "DLVD": 4,
+        "NDLV": 0,
+        "FAIL": 1,
+    }
+    # Readers of broker_message still see every message.
+    assert Message.objects.filter(queue=queue).count() == 10
+    assert set(Message.objects.filter(state=S.DELIVERED).values_list("id", flat=True)) == {
+        id_ for id_, (_, state) in where.items() if state == "DLVD"
+    }
+
+
+def test_the_live_partition_stays_the_size_of_the_backlog_however_much_is_delivered():
+    queue = queue_create(name="Q", consumer="noop", batch_size=500)
+    sizes = []
+    for _ in range(4):
+        for _ in range(2):
+            messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 1024)] * 1000)
+        while queue_deliver(queue_id=queue.id, worker="test:1").claimed:
+            pass
+        sizes.append(live_pages())
+
+    assert Message.objects.filter(state=S.DELIVERED).count() == 8000
+    # Vacuum hands the space of the moved rows back to the next publishes: the
+    # live partition does not grow with what was delivered before.
+    assert sizes[-1] <= sizes[0] * 1.25, sizes
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM broker_message_live")
+        assert cursor.fetchone()[0] == 0
+
+
+def test_the_claim_reads_and_writes_the_live_partition_only():
+    queue = queue_create(name="Q", consumer="noop")
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN " + CLAIM_SQL,
+            {
+                "queue_id": queue.id,
+                "suspect": False,
+                "limit": 10,
+                "owner": "o",
+                "lease_seconds": 30,
+            },
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "broker_message_live" in plan
+    assert "broker_message_delivered" not in plan
