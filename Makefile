@@ -36,19 +36,24 @@ endef
 # fast turns synchronous_commit off on pytest-django's test database; durable
 # changes nothing. The cluster and `make run`'s database are always durable.
 LAZARETTO_TEST_DB_PROFILE ?= fast
+# pytest-xdist workers: the suite runs on this many processes, a test file
+# at a time on each (--dist loadfile), each with its own test database.
+PYTEST_WORKERS ?= 2
 
-.PHONY: help venv services stop test run run-ha lint fmt bench clean
+.PHONY: help venv services stop test run run-ha lint fmt bench bench-peers bench-soak clean
 
 help:
 	@echo "make venv      create .venv and install requirements.txt (only when it changed)"
 	echo "make services  start project-local PostgreSQL + Redis (scripts/services.sh start)"
 	echo "make stop      stop them"
-	echo "make test      ruff check, ruff format --check, mypy, pytest"
+	echo "make test      ruff check, ruff format --check, mypy, pytest on $(PYTEST_WORKERS) workers"
 	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT))"
 	echo "make run-ha    the same with an HA pair: two broker nodes, a second PostgreSQL cluster"
 	echo "make lint      ruff check + ruff format --check + mypy"
 	echo "make fmt       ruff format + ruff check --fix"
-	echo "make bench     run every bench (python -m bench.NAME)"
+	echo "make bench     run every bench (python -m bench.NAME) but the long peers and soak runs"
+	echo "make bench-peers  Lazaretto beside PGMQ, PgQueuer, Procrastinate, Celery alone and the bare loop"
+	echo "make bench-soak   ten minutes at 70 % of the drain rate, then an idle transaction and the recovery"
 	echo "make clean     stop services and remove var/"
 
 venv: $(STAMP)
@@ -80,7 +85,7 @@ test: venv services
 	$(VENV)/bin/mypy .
 	bash scripts/browser.sh
 	bash scripts/spark.sh
-	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(VENV)/bin/pytest
+	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: venv
 	@$(lint_env)
@@ -122,10 +127,18 @@ bench: venv services
 	shopt -s nullglob
 	for f in bench/*.py; do
 	  name=$$(basename "$$f" .py)
-	  [ "$$name" = "__init__" ] && continue
+	  case "$$name" in __init__|_*|peers|soak) continue ;; esac
 	  echo "== bench.$$name"
 	  $(PY) -m "bench.$$name"
 	done
+
+bench-peers: venv services
+	@$(load_env)
+	$(PY) -m bench.peers
+
+bench-soak: venv services
+	@$(load_env)
+	$(PY) -m bench.soak
 
 clean:
 	@$(SERVICES) stop

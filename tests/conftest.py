@@ -12,6 +12,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection, connections
+from django.test import override_settings
 from pytest_django import DjangoDbBlocker
 from rest_framework.test import APIClient
 
@@ -166,6 +167,33 @@ def spark_env(
         monkeypatch.setenv(name, value)
     settings.ARCHIVE_DIR = archive
     return values
+
+
+# --- what each pytest process keeps to itself ---------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def process_private_cache_and_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Cache keys, dump files and archive of this pytest process alone.
+
+    Under pytest-xdist (``make test`` runs the suite on several processes)
+    each worker has its own test database, and those
+    databases hand out the same ids: the API's rate counts, kept in the shared
+    Redis cache under the token's or user's id, and the dump files, named from
+    queue and message ids, would otherwise mix between workers. So the cache
+    keys carry the database and worker names, and DUMP_DIR and ARCHIVE_DIR
+    point into this process's own temporary directory (tests that look at
+    either still point them at their own ``tmp_path``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    database = settings.DATABASES["default"]["NAME"]
+    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"lazaretto-test-{database}-{worker}"}
+    files = tmp_path_factory.mktemp("lazaretto")
+    with override_settings(
+        CACHES={**settings.CACHES, "default": cache},
+        DUMP_DIR=files / "dumps",
+        ARCHIVE_DIR=files / "archive",
+    ):
+        yield
 
 
 # --- the test database's durability profile ----------------------------------

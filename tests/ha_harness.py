@@ -10,6 +10,7 @@ can reach, removed at the end.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -262,9 +263,59 @@ class Pair:
             node.cluster.stop()
 
 
+def process_env() -> dict[str, str]:
+    """What every process of a pair gets from the tests' own environment."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HA_", "PYTEST"))},
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "SECRET_KEY": SECRET,
+    }
+
+
+_MIGRATED: dict[bool, Path] = {}
+
+
+def migrated_cluster(*, durable: bool) -> Path:
+    """The data directory of a cluster made with initdb and migrated, cleanly
+    shut down: each pair starts from a copy of it (made once per process,
+    removed at exit) rather than paying initdb and every migration again."""
+    if durable not in _MIGRATED:
+        base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-template-", dir="/tmp"))
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
+        if os.geteuid() == 0:
+            shutil.chown(base, user=PG_OS_USER)
+        (base / "run").mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(base / "run", user=PG_OS_USER)
+        template = Cluster("T", base)
+        template.initdb(durable=durable)
+        template.start()
+        try:
+            with psycopg.connect(
+                f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{template.port}/postgres",
+                autocommit=True,
+            ) as conn:
+                conn.execute(f"CREATE DATABASE {DATABASE}")
+            migrate = subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput"],
+                cwd=ROOT,
+                env={**process_env(), "DATABASE_URL": template.url},
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=300,
+            )
+            assert migrate.returncode == 0, migrate.stderr
+        finally:
+            stopped = as_owner(str(pg_bindir() / "pg_ctl"), "stop", "-D", str(template.data))
+        assert stopped.returncode == 0, stopped.stderr
+        _MIGRATED[durable] = template.data
+    return _MIGRATED[durable]
+
+
 @contextlib.contextmanager
 def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterator[Pair]:
-    """Cluster A made and migrated, nodes A and B configured (not started);
+    """Cluster A copied from a migrated one, nodes A and B configured (not started);
     B's cluster is an empty directory its node fills from A (with A's
     postgresql.conf). ``durable`` leaves fsync on (the benches); the tests
     turn it off for speed."""
@@ -277,17 +328,12 @@ def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterato
     a, b = Cluster("A", base), Cluster("B", base)
     pair = None
     try:
-        a.initdb(durable=durable)
+        copied = as_owner("cp", "-a", str(migrated_cluster(durable=durable)), str(a.data))
+        assert copied.returncode == 0, copied.stderr
         a.start()
-        with psycopg.connect(
-            f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{a.port}/postgres", autocommit=True
-        ) as conn:
-            conn.execute(f"CREATE DATABASE {DATABASE}")
         listen_a, listen_b = free_port(), free_port()
         common = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("HA_", "PYTEST"))},
-            "DJANGO_SETTINGS_MODULE": "console.settings",
-            "SECRET_KEY": SECRET,
+            **process_env(),
             "CELERY_BROKER_URL": redis_url,
             "DUMP_DIR": str(dump_dir),
             "HA_HEARTBEAT_INTERVAL": str(INTERVAL),
@@ -317,8 +363,6 @@ def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterato
         node_b = NodeProcess(
             "B", b, a, listen_b, listen_a, base / "node-B.log", node_env(b, a, listen_b, listen_a)
         )
-        migrate = node_a.manage("migrate", "--noinput")
-        assert migrate.returncode == 0, migrate.stderr
         pair = Pair(base=base, a=node_a, b=node_b, redis_url=redis_url)
         yield pair
     finally:

@@ -33,7 +33,7 @@ from workers.pipeline import archive_launch, replay_job_launch
 
 S = MessageState
 
-pytestmark = pytest.mark.usefixtures("spark_env")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark_env")]
 
 
 def archived_ids() -> list[int]:

@@ -149,6 +149,7 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_console_process_loads_the_modules_the_variable_names(site: Path):
     result = run_manage(
         "shell",
@@ -185,6 +186,7 @@ def start_worker_expecting_failure(
     return start
 
 
+@pytest.mark.slow
 def test_a_module_that_is_not_there_stops_the_worker(site: Path, start_worker_expecting_failure):
     code, output = start_worker_expecting_failure(
         PYTHONPATH=python_path(site),
@@ -198,6 +200,7 @@ def test_a_module_that_is_not_there_stops_the_worker(site: Path, start_worker_ex
     ) in output
 
 
+@pytest.mark.slow
 def test_an_import_error_inside_a_module_is_told_apart_from_a_missing_module(
     site: Path, start_worker_expecting_failure
 ):
@@ -214,6 +217,7 @@ def test_an_import_error_inside_a_module_is_told_apart_from_a_missing_module(
     ) in output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("second", "registers", "first"),
     [
@@ -245,6 +249,7 @@ def test_a_handler_name_registered_twice_stops_the_worker(
     ) in output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["billing consumers", "billing_consumers,,demo_consumers"])
 def test_a_value_that_is_not_a_list_of_module_names_stops_start_up(value):
     result = run_manage("check", LAZARETTO_CONSUMER_MODULES=value)
@@ -253,6 +258,7 @@ def test_a_value_that_is_not_a_list_of_module_names_stops_start_up(value):
     assert "LAZARETTO_CONSUMER_MODULES" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_command_says_which_module_it_needs():
     result = run_manage("demo", LAZARETTO_CONSUMER_MODULES="")
 

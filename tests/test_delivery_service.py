@@ -427,6 +427,7 @@ def test_purge_and_release_refuse_messages_that_are_not_blacklisted(db, operator
     assert Message.objects.get(id=message_id).state == S.TO_BE_DELIVERED
 
 
+@pytest.mark.slow
 @pytest.mark.django_db  # inside a test transaction, so the commit can be held back
 def test_publishing_wakes_delivery_only_after_commit(
     db, redis_server, django_capture_on_commit_callbacks
@@ -443,6 +444,7 @@ def test_publishing_wakes_delivery_only_after_commit(
     assert client.llen("deliveries") == 3  # one task per batch of the backlog
 
 
+@pytest.mark.slow
 def test_publishing_succeeds_while_redis_is_down(
     db, redis_server, django_capture_on_commit_callbacks
 ):

@@ -96,6 +96,7 @@ def log_a_line(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_json_lines_carry_the_extra_fields_and_the_traceback():
     result = log_a_line(LOG_FORMAT="json")
 
@@ -110,6 +111,7 @@ def test_json_lines_carry_the_extra_fields_and_the_traceback():
     assert "ZeroDivisionError: division by zero" in broke["exception"]
 
 
+@pytest.mark.slow
 def test_text_is_the_default_one_readable_line_with_the_fields_after_the_message():
     result = log_a_line()
 
@@ -122,6 +124,7 @@ def test_text_is_the_default_one_readable_line_with_the_fields_after_the_message
     assert "ZeroDivisionError: division by zero" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_log_format_stops_start_up_naming_the_variable():
     result = subprocess.run(
         [sys.executable, "manage.py", "check"],

@@ -264,6 +264,7 @@ def test_an_ipv4_mapped_loopback_address_is_loopback(db):
     assert Client().get("/metrics", REMOTE_ADDR="::ffff:127.0.0.1").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_bad_allowed_network_stops_start_up_naming_the_variable():
     from tests.test_settings_env import start
 

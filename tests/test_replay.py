@@ -45,7 +45,7 @@ from workers.pipeline import replay_job_launch
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 S = MessageState
 
-pytestmark = pytest.mark.usefixtures("spark_env")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark_env")]
 
 
 def on(queue: str, state: str = S.TO_BE_DELIVERED) -> int:

@@ -588,6 +588,7 @@ def test_without_an_instance_name_only_a_reply_to_queue_manager_is_questioned():
 # Packaging
 
 
+@pytest.mark.slow
 def test_the_rules_package_imports_nothing_else_from_the_project_nor_django():
     code = (
         "import sys, broker.rules\n"

@@ -136,6 +136,7 @@ def test_a_bad_profile_stops_the_test_session_before_any_test_runs():
     assert "passed" not in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("caller", "profile"), [(None, "fast"), ("durable", "durable")])
 def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(caller, profile):
     env = {key: value for key, value in os.environ.items() if key != TEST_DB_PROFILE_VARIABLE}
@@ -146,7 +147,8 @@ def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(calle
     )
 
     assert result.returncode == 0, result.stderr
-    assert f"LAZARETTO_TEST_DB_PROFILE={profile} .venv/bin/pytest" in result.stdout
+    runs = [line for line in result.stdout.splitlines() if ".venv/bin/pytest" in line]
+    assert runs == [f"LAZARETTO_TEST_DB_PROFILE={profile} .venv/bin/pytest -n 2 --dist loadfile"]
 
 
 # --- var/services.env ------------------------------------------------------------------
@@ -178,6 +180,7 @@ def test_sourcing_services_env_is_enough_for_manage_py():
     assert "System check identified no issues" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("caller", "debug"),
     [({}, "true"), ({"DEBUG": "0"}, "0"), ({"SECRET_KEY": "k"}, "<unset>")],
@@ -192,6 +195,7 @@ def test_services_env_turns_debug_on_only_when_the_caller_chose_nothing(caller, 
 # --- scripts/services.sh ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_services_sh_removes_the_old_non_durable_lines_from_an_existing_cluster(tmp_path):
     conf = tmp_path / "postgresql.conf"
     stock = "# stock settings\n#fsync = on\nwork_mem = 4MB\n"
@@ -218,6 +222,7 @@ def test_services_sh_removes_the_old_non_durable_lines_from_an_existing_cluster(
     assert services('pg_conf_is_fast "$1"', str(conf)).returncode == 1
 
 
+@pytest.mark.slow
 def test_services_sh_leaves_a_durable_postgresql_conf_as_it_is(tmp_path):
     conf = tmp_path / "postgresql.conf"
     durable = "#fsync = off\nsynchronous_commit = local\nfsync = on  # fsync = off\n"
@@ -228,6 +233,7 @@ def test_services_sh_leaves_a_durable_postgresql_conf_as_it_is(tmp_path):
     assert conf.read_text() == durable
 
 
+@pytest.mark.slow
 def test_a_new_cluster_keeps_the_durable_defaults(tmp_path):
     # initdb itself is faked: what is under test is the block services.sh appends.
     bin_dir = tmp_path / "bin"

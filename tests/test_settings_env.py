@@ -22,6 +22,7 @@ def start(**overrides: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
@@ -47,6 +48,7 @@ def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
     assert repr(value) in result.stderr
 
 
+@pytest.mark.slow
 def test_a_file_as_dump_dir_is_refused(tmp_path):
     a_file = tmp_path / "dumps"
     a_file.write_text("not a directory")
@@ -57,6 +59,7 @@ def test_a_file_as_dump_dir_is_refused(tmp_path):
     assert "DUMP_DIR: " in result.stderr
 
 
+@pytest.mark.slow
 def test_without_debug_a_secret_key_is_required():
     env = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
     result = subprocess.run(
@@ -72,6 +75,7 @@ def test_without_debug_a_secret_key_is_required():
     assert "SECRET_KEY: not set" in result.stderr
 
 
+@pytest.mark.slow
 def test_good_values_start(tmp_path):
     result = start(
         SPARK_MASTER="local[2]",
