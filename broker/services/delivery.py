@@ -12,7 +12,9 @@ keyed by a random token that is part of the lease owner it writes into the
 claimed rows. PostgreSQL releases that lock when the worker's session ends,
 however the process died, so the sweeper can tell a dead delivery from a slow
 one without any transaction staying open during delivery. The claim and the
-settlement are two short transactions: two commits per batch.
+settlement are two short transactions: two commits per batch, each a single
+statement (no BEGIN or COMMIT round trip) when the consumer acknowledged the
+whole batch; the settlement also adds the batch to the per-minute counts.
 
 Why suspects may go in parallel. A courier's units follow one another, so a
 lease has at most one unit in flight, and a process that dies takes down only
@@ -33,7 +35,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -48,7 +50,7 @@ from broker.services.transitions.in_flight import (
     Claimed,
     DeadLetterCause,
     Retry,
-    messages_ack_latencies,
+    messages_ack_counted,
     messages_claim,
     messages_dead_letter,
     messages_retry,
@@ -126,12 +128,6 @@ class Courier:
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
         results = [_deliver(self.handler, queue, message, isolated) for message in batch]
         latencies = _settle(queue, self.owner, batch, results, outcome)
-        minute_count(
-            queue_id=queue.id,
-            delivered=outcome.acked,
-            failed=outcome.dead_lettered,
-            handler_errors=sum(error is not None for error in results),
-        )
         delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
 
@@ -206,8 +202,10 @@ def _settle(
     results: list[Exception | None],
     outcome: Outcome,
 ) -> list[float]:
-    """Record every answer of the batch in one transaction; returns the
-    publish-to-ack seconds of each message acknowledged."""
+    """Record every answer of the batch, and count them on the queue's
+    per-minute and total rows, in one transaction: a batch acknowledged
+    whole is one statement (one commit). Returns the publish-to-ack seconds
+    of each message acknowledged."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
     retries: list[Retry] = []
     dead: dict[int, DeadLetterCause] = {}
@@ -225,13 +223,17 @@ def _settle(
         else:
             dead[message.id] = DeadLetterCause("handler_error", _describe(error))
             answers.append((message, error, "dead-lettered (handler_error)"))
-    latencies: list[float] = []
-    with transaction.atomic():
-        if acked:
-            latencies = messages_ack_latencies(message_ids=acked, owner=owner)
-            outcome.acked = len(latencies)
+    with transaction.atomic() if answers else nullcontext():
+        # First: it counts the batch, and the counter rows are taken before
+        # the depth counters (minute_count_ctes).
+        latencies = messages_ack_counted(
+            queue_id=queue.id, message_ids=acked, owner=owner, handler_errors=len(answers)
+        )
+        outcome.acked = len(latencies)
         outcome.retried = messages_retry(retries=retries, owner=owner)
         outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
+        if outcome.dead_lettered:
+            minute_count(queue_id=queue.id, failed=outcome.dead_lettered)
     if logger.isEnabledFor(logging.DEBUG):  # one line per ack: not on the hot path otherwise
         for message_id in acked:
             logger.debug(

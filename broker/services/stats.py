@@ -35,6 +35,8 @@ _PARAMS = ", ".join(f"%({name})s::int" for name in COUNTERS)
 # writer locks the two rows in the same order. Concurrent batches add to the
 # same rows; run outside a batch's transaction (or after it committed:
 # ``minute_count_on_commit``) so the rows are locked for one statement only.
+# A delivery unit's settlement is the one exception: it counts in its own
+# first statement (``minute_count_ctes``), so a batch is one commit.
 _COUNT_SQL = f"""
 WITH minute AS (
     INSERT INTO broker_queueminute AS t (queue_id, minute, {_COLUMNS})
@@ -46,6 +48,31 @@ INSERT INTO broker_queuetotal AS t (queue_id, {_COLUMNS})
 SELECT minute.queue_id, {_PARAMS} FROM minute
 ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
 """  # noqa: S608
+
+
+def minute_count_ctes(**values: str) -> str:
+    """``_COUNT_SQL`` as two CTEs (``minute``, ``total``) for a statement that
+    counts what it does itself: each counter named in ``values`` takes that SQL
+    expression (it may read the statement's other CTEs or parameters), the
+    others 0, and ``%(queue_id)s`` names the queue. Nothing is written when
+    every counter is 0. A statement that moves messages takes these rows
+    before its depth-counter trigger takes the queue's depth rows, so a
+    transaction that counts this way must do it in its first statement that
+    moves messages: every writer that holds both then takes them in that
+    order (the others count after their commit), and none can deadlock."""
+    listed = ", ".join(values.get(name, "0") for name in COUNTERS)
+    return f"""
+minute AS (
+    INSERT INTO broker_queueminute AS t (queue_id, minute, {_COLUMNS})
+    SELECT %(queue_id)s, date_trunc('minute', now()), {listed}
+    WHERE {" + ".join(values.values())} > 0
+    ON CONFLICT (queue_id, minute) DO UPDATE SET {_ADDED}
+    RETURNING t.queue_id
+), total AS (
+    INSERT INTO broker_queuetotal AS t (queue_id, {_COLUMNS})
+    SELECT minute.queue_id, {listed} FROM minute
+    ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
+)"""  # noqa: S608
 
 
 def minute_count(

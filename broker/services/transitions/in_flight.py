@@ -22,11 +22,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from broker.models import MAX_SUSPECT_DELAY_SECONDS
-from broker.services.stats import minute_count_on_commit, queue_ids_by_name
+from broker.services.stats import minute_count_ctes, minute_count_on_commit, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
 from broker.services.transitions.table import Transition, guard
@@ -64,7 +64,20 @@ SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
     updated_at = now()
 FROM unnest(%(ids)s::bigint[]) AS a(id)
 WHERE m.id = a.id AND {guard(T.ACK)} AND m.lease_owner = %(owner)s
-RETURNING extract(epoch FROM now() - m.created_at)::float8
+RETURNING extract(epoch FROM now() - m.created_at)::float8 AS seconds
+"""  # noqa: S608
+
+# The ack that also counts the delivery unit on its queue's per-minute and
+# total rows (delivered: the rows it acknowledged; handler_errors: a
+# parameter), in one statement: outside a transaction, one commit settles a
+# batch its consumer acknowledged whole.
+_ACK_COUNTED_SQL = f"""
+WITH acked AS ({ACK_SQL}), {
+    minute_count_ctes(
+        delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
+    )
+}
+SELECT seconds FROM acked
 """  # noqa: S608
 
 _RETRY_SQL = f"""
@@ -187,10 +200,10 @@ def messages_claim(
 ) -> list[Claimed]:
     """TBDL -> DLNG for up to ``limit`` due messages of a queue, highest
     priority first, then oldest, under ``owner``'s lease of ``lease_seconds``;
-    crash suspects only, or none (``suspect``). Commits at once (its own
-    transaction when called outside one): the lease must be visible before
-    the consumer runs."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    crash suspects only, or none (``suspect``). One statement, so called
+    outside a transaction it commits at once (autocommit, no BEGIN or COMMIT
+    round trip): the lease must be visible before the consumer runs."""
+    with connection.cursor() as cursor:
         cursor.execute(
             CLAIM_SQL,
             {
@@ -223,6 +236,27 @@ def messages_ack_latencies(*, message_ids: Sequence[int], owner: str) -> list[fl
     seconds from its publish to this ack."""
     with connection.cursor() as cursor:
         cursor.execute(ACK_SQL, {"ids": list(message_ids), "owner": owner})
+        return [seconds for (seconds,) in cursor.fetchall()]
+
+
+def messages_ack_counted(
+    *, queue_id: int, message_ids: Sequence[int], owner: str, handler_errors: int
+) -> list[float]:
+    """As ``messages_ack_latencies``, and in the same statement adds the
+    messages acknowledged (delivered) and ``handler_errors`` to the queue's
+    per-minute and total counts (``broker.services.stats.minute_count``).
+    Outside a transaction it commits at once; in one, it must be its first
+    statement that moves messages (``minute_count_ctes`` says why)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _ACK_COUNTED_SQL,
+            {
+                "ids": list(message_ids),
+                "owner": owner,
+                "queue_id": queue_id,
+                "handler_errors": handler_errors,
+            },
+        )
         return [seconds for (seconds,) in cursor.fetchall()]
 
 
