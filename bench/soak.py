@@ -1,0 +1,1327 @@
+"""Soak: steady publishing at 70 % of the measured drain rate, then an idle
+transaction that keeps VACUUM from cleaning, then the recovery after it.
+
+Run from the project root with the services env sourced::
+
+    .venv/bin/python -m bench.soak [--minutes M] [--rate R] [--idle-minutes I]
+        [--recovery-minutes C] [--drain-messages N] [--size BYTES]
+
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+and its own redis-server, and removes both at the end. Unless --rate is
+given it first measures the drain rate: N pre-published messages drained by
+real Celery workers (2 delivery processes, batch size 100, consumer ``noop``).
+Then a publisher thread publishes at 70 % of that rate through
+``messages_publish`` for M minutes (steady), I more minutes with an idle
+transaction held open on another connection (idle_txn), and C more minutes
+after it ends (recovery). Every 10 s window records published and acked
+messages per second, publish-to-ack latency percentiles, and the dead tuples,
+live tuples and size of broker_message summed over its partitions (the table
+alone when it is not partitioned). The last line printed is one JSON object
+with the figures; the time series goes to var/bench/soak-<UTC>.json and
+var/bench/soak-latest.json; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from bench import deliver
+from bench.publish import (
+    DURABILITY,
+    ROOT,
+    BenchError,
+    batch_sizes,
+    checkpoint,
+    log,
+    make_payload,
+    positive_int,
+    print_figures,
+    run_bench,
+    setup_django,
+)
+
+if TYPE_CHECKING:
+    from broker.models import Queue
+    from broker.services.publish import NewMessage
+
+PHASES = ("steady", "idle_txn", "recovery")
+WINDOW_SECONDS = 10.0
+# The publisher publishes what is due every tick, in calls of at most 1000.
+PUBLISH_TICK_SECONDS = 0.1
+PUBLISH_BATCH_LIMIT = 1000
+# The latency sampler looks up its pending messages once a second.
+SAMPLE_TICK_SECONDS = 1.0
+# About this many latency samples per window: one published message in k is
+# followed, k chosen from the rate (every message below 200 msgs/s).
+LATENCY_SAMPLES_PER_WINDOW = 2000
+# Pending samples looked up per tick, oldest first: five times what a tick
+# acks at the publish rate, so a burst of acks is caught up in a few ticks.
+LOOKUP_LIMIT = 5 * round(LATENCY_SAMPLES_PER_WINDOW * SAMPLE_TICK_SECONDS / WINDOW_SECONDS)
+LOAD_FRACTION = 0.7
+CONCURRENCY = 2
+BATCH_SIZE = 100
+DRAIN_MESSAGES = 20_000
+# The recovery check: p99 of the window starting this long after the idle
+# transaction ends, against the steady phase's p99.
+RECOVERY_CHECK_SECONDS = 60.0
+# The steady phase kept up when it acked at least this share of what it
+# published; otherwise the recovery check has no baseline and misses.
+STEADY_KEPT_UP = 0.95
+TARGETS = {
+    # |acked/s of the last steady minute vs the first|, in %.
+    "drift_pct": 10.0,
+    # Max dead tuples in the steady phase's second half over its first half's.
+    # A stable vacuum sawtooth gives about 1; dead tuples growing linearly
+    # from the start give 2 (the max at T against the max at T/2). 1.5 is the
+    # midpoint.
+    "dead_tuples_growth": 1.5,
+    # p99 RECOVERY_CHECK_SECONDS after the idle transaction, over the steady p99.
+    "recovery_p99_vs_steady": 2.0,
+}
+QUEUE_NAME = "BENCH.SOAK"
+DRAIN_QUEUE_NAME = "BENCH.SOAK.DRAIN"
+PUT_USER = "bench"
+PUT_APPLICATION = "bench"
+BENCH_DIR = ROOT / "var" / "bench"
+# Progress of the backlog's drain after the publisher stops.
+DRAIN_LOG_SECONDS = 30.0
+
+# Dead and live tuples, autovacuum runs and size of broker_message and of
+# every partition of it. pg_partition_tree gives no row for a table that is
+# not partitioned, hence the union with the table itself. Catalog and
+# statistics reads only.
+RELATIONS_SQL = """
+WITH tree AS (
+    SELECT relid, isleaf, level FROM pg_partition_tree('broker_message')
+    UNION
+    SELECT oid, relkind <> 'p', 0 FROM pg_class WHERE oid = 'broker_message'::regclass
+)
+SELECT t.relid::regclass::text, t.isleaf,
+       coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), coalesce(s.autovacuum_count, 0),
+       s.last_autovacuum, pg_total_relation_size(t.relid)
+FROM tree AS t
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid
+ORDER BY t.level, t.relid::regclass::text
+"""
+DEPTH_SQL = "SELECT state, count FROM broker_queuedepth WHERE queue_id = %s"
+# The sampled messages acked so far, looked up by primary key. ``state =
+# 'DLVD'`` prunes a partitioned table to its delivered partition. The times
+# are the publish's and the ack's transaction now() (see ACK_SQL).
+ACKED_SQL = """
+SELECT m.id, extract(epoch FROM m.updated_at)::float8,
+       extract(epoch FROM m.updated_at - m.created_at)::float8
+FROM unnest(%(ids)s::bigint[]) AS s(id)
+JOIN broker_message AS m ON m.id = s.id
+WHERE m.state = 'DLVD'
+"""
+# The idle transaction: an xid of its own, and a read of broker_message.
+IDLE_TXN_SQL = (
+    "SELECT txid_current(), pg_backend_pid(), (SELECT count(*) FROM "
+    "(SELECT 1 FROM broker_message LIMIT 1) AS one)"
+)
+IDLE_STATE_SQL = "SELECT state, backend_xid::text FROM pg_stat_activity WHERE pid = %s"
+# Celery's words for a task that raised (deliver.py stops on the first; a
+# soak counts them and goes on: the final check says whether anything was lost).
+TASK_FAILED = deliver.TASK_FAILED + ": "
+
+
+# --- arguments ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    minutes: float
+    rate: float | None
+    idle_minutes: float
+    recovery_minutes: float
+    drain_messages: int
+    size: int
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--minutes", type=positive_float, default=10.0, help="steady phase (default 10)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=positive_float,
+        help="publish this many msgs/s instead of 70 %% of the measured drain rate",
+    )
+    parser.add_argument(
+        "--idle-minutes",
+        type=positive_float,
+        default=3.0,
+        help="idle transaction held open after the steady phase (default 3)",
+    )
+    parser.add_argument(
+        "--recovery-minutes",
+        type=positive_float,
+        default=2.0,
+        help="publishing on after the idle transaction ends (default 2)",
+    )
+    parser.add_argument(
+        "--drain-messages",
+        type=positive_int,
+        default=DRAIN_MESSAGES,
+        help=f"messages drained to measure the drain rate (default {DRAIN_MESSAGES})",
+    )
+    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    args = parser.parse_args(argv)
+    least_steady = 2 * WINDOW_SECONDS
+    if args.minutes * 60 < least_steady:
+        parser.error(
+            f"--minutes must be at least {least_steady / 60:.2f} ({least_steady:g} s: "
+            "a window for each half of the steady phase)"
+        )
+    least_recovery = RECOVERY_CHECK_SECONDS + WINDOW_SECONDS
+    if args.recovery_minutes * 60 < least_recovery:
+        parser.error(
+            f"--recovery-minutes must be at least {least_recovery / 60:.2f} "
+            f"({least_recovery:g} s: the p99 is checked in the window that starts "
+            f"{RECOVERY_CHECK_SECONDS:g} s after the idle transaction ends)"
+        )
+    return Options(
+        minutes=args.minutes,
+        rate=args.rate,
+        idle_minutes=args.idle_minutes,
+        recovery_minutes=args.recovery_minutes,
+        drain_messages=args.drain_messages,
+        size=args.size,
+    )
+
+
+# --- the plan: phases cut into windows ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """Seconds from the start of publishing; each phase is cut from its own start."""
+
+    phase: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def plan_windows(phase_seconds: Sequence[tuple[str, float]]) -> list[Window]:
+    """Consecutive phases, each cut into WINDOW_SECONDS windows from its own
+    start. A remainder of half a window or more is a window of its own; a
+    shorter one lengthens the phase's last window."""
+    windows: list[Window] = []
+    start = 0.0
+    for phase, seconds in phase_seconds:
+        end = start + seconds
+        at = start
+        while end - at > 1e-9:
+            if end - at < WINDOW_SECONDS / 2 and windows and windows[-1].phase == phase:
+                windows[-1] = Window(phase, windows[-1].start, end)
+                break
+            windows.append(Window(phase, at, min(at + WINDOW_SECONDS, end)))
+            at += WINDOW_SECONDS
+        start = end
+    return windows
+
+
+def phase_bounds(windows: Sequence[Window]) -> dict[str, list[float]]:
+    """{phase: [start, end]} in seconds from the start of publishing."""
+    bounds: dict[str, list[float]] = {}
+    for window in windows:
+        if window.phase in bounds:
+            bounds[window.phase][1] = window.end
+        else:
+            bounds[window.phase] = [window.start, window.end]
+    return bounds
+
+
+# --- the figures: pure computations ---------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (an observed value); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def bin_latencies(
+    acks: Sequence[tuple[float, float]], windows: Sequence[Window]
+) -> list[list[float]]:
+    """Latencies (seconds) by the window their ack falls in; ``acks`` are
+    (ack time in seconds from the start of publishing, latency). Acks outside
+    every window are left out."""
+    bins: list[list[float]] = [[] for _ in windows]
+    starts = [window.start for window in windows]
+    for at, seconds in acks:
+        index = _window_index(starts, at)
+        if index is not None and at < windows[index].end:
+            bins[index].append(seconds)
+    return bins
+
+
+def _window_index(starts: Sequence[float], at: float) -> int | None:
+    index = bisect.bisect_right(starts, at) - 1
+    return index if index >= 0 else None
+
+
+def latency_ms(values: Sequence[float]) -> dict[str, float | None]:
+    """p50, p95 and p99 in milliseconds."""
+    return {
+        f"p{q}_ms": None if (value := percentile(values, q)) is None else round(value * 1000, 1)
+        for q in (50, 95, 99)
+    }
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One window of the time series (the JSON file's "samples")."""
+
+    t: float  # the window's end, seconds from the start of publishing
+    window_s: float
+    phase: str
+    published_per_s: float
+    acked_per_s: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    latency_samples: int
+    dead_tuples: int  # at the window's end, summed over the table and its partitions
+    live_tuples: int
+    table_bytes: int
+    backlog: int  # TBDL + DLNG at the window's end
+    # The machine's 1-minute load average at the window's end (2 cores: above
+    # 2, something waits for a CPU).
+    loadavg_1m: float = 0.0
+    relations: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def start(self) -> float:
+        return self.t - self.window_s
+
+
+def phase_samples(samples: Sequence[Sample], phase: str) -> list[Sample]:
+    return [sample for sample in samples if sample.phase == phase]
+
+
+def rate_over(samples: Sequence[Sample], attribute: str) -> float | None:
+    """Messages per second over several windows (weighted by their length)."""
+    seconds = sum(sample.window_s for sample in samples)
+    if not seconds:
+        return None
+    return sum(getattr(sample, attribute) * sample.window_s for sample in samples) / seconds
+
+
+def drift_windows(steady: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """The steady phase's first and last minute (its halves when it is
+    shorter than two minutes), as whole windows."""
+    if not steady:
+        return [], []
+    begin, end = steady[0].start, steady[-1].t
+    span = min(60.0, (end - begin) / 2)
+    first = [sample for sample in steady if sample.t <= begin + span + 1e-9]
+    last = [sample for sample in steady if sample.start >= end - span - 1e-9]
+    return first, last
+
+
+def drift_pct(samples: Sequence[Sample], attribute: str = "acked_per_s") -> float | None:
+    """Change of the rate from the steady phase's first minute to its last, in %."""
+    first, last = drift_windows(phase_samples(samples, "steady"))
+    before, after = rate_over(first, attribute), rate_over(last, attribute)
+    if before is None or after is None or before == 0:
+        return None
+    return (after - before) / before * 100
+
+
+@dataclass(frozen=True)
+class DeadTuples:
+    first_half_max: int
+    second_half_max: int
+
+    @property
+    def growth(self) -> float | None:
+        if self.first_half_max == 0:
+            return None if self.second_half_max else 1.0
+        return self.second_half_max / self.first_half_max
+
+    @property
+    def bounded(self) -> bool:
+        growth = self.growth
+        return growth is not None and growth <= TARGETS["dead_tuples_growth"]
+
+
+def dead_tuples_halves(samples: Sequence[Sample]) -> DeadTuples:
+    """Max dead tuples in each half of the steady phase (windows by their end)."""
+    steady = phase_samples(samples, "steady")
+    if not steady:
+        return DeadTuples(0, 0)
+    middle = (steady[0].start + steady[-1].t) / 2
+    first = [sample.dead_tuples for sample in steady if sample.t <= middle + 1e-9]
+    second = [sample.dead_tuples for sample in steady if sample.t > middle + 1e-9]
+    return DeadTuples(max(first, default=0), max(second, default=0))
+
+
+@dataclass(frozen=True)
+class Recovery:
+    steady_p99_ms: float | None
+    # The window starting RECOVERY_CHECK_SECONDS after the idle transaction ended.
+    check_t: float | None
+    check_p99_ms: float | None
+    # Seconds from the end of the idle transaction to the start of the first
+    # window from which every window's p99 is within the bound; None: never.
+    recovered_after_s: float | None
+    idle_max_p99_ms: float | None
+    # Acked/s over published/s in the steady phase. Below STEADY_KEPT_UP the
+    # steady phase built a backlog, and its p99 is no baseline to recover to.
+    steady_acked_ratio: float | None = None
+
+    @property
+    def steady_kept_up(self) -> bool:
+        return self.steady_acked_ratio is not None and self.steady_acked_ratio >= STEADY_KEPT_UP
+
+    @property
+    def bound_ms(self) -> float | None:
+        if self.steady_p99_ms is None:
+            return None
+        return self.steady_p99_ms * TARGETS["recovery_p99_vs_steady"]
+
+    @property
+    def passed(self) -> bool:
+        bound = self.bound_ms
+        return (
+            self.steady_kept_up
+            and bound is not None
+            and self.check_p99_ms is not None
+            and self.check_p99_ms <= bound
+        )
+
+
+def recovery_check(samples: Sequence[Sample], steady_p99_ms: float | None) -> Recovery:
+    """Is the p99 back within the bound RECOVERY_CHECK_SECONDS after the idle
+    transaction ended (the start of the recovery phase)?"""
+    recovery = phase_samples(samples, "recovery")
+    idle = phase_samples(samples, "idle_txn")
+    idle_p99 = [sample.p99_ms for sample in idle if sample.p99_ms is not None]
+    steady = phase_samples(samples, "steady")
+    published, acked = rate_over(steady, "published_per_s"), rate_over(steady, "acked_per_s")
+    ratio = None if not published or acked is None else acked / published
+    if not recovery:
+        return Recovery(steady_p99_ms, None, None, None, max(idle_p99, default=None), ratio)
+    ended = recovery[0].start
+    check = next(
+        (sample for sample in recovery if sample.start >= ended + RECOVERY_CHECK_SECONDS - 1e-9),
+        None,
+    )
+    bound = None if steady_p99_ms is None else steady_p99_ms * TARGETS["recovery_p99_vs_steady"]
+    recovered_after = None
+    if bound is not None:
+        for sample in reversed(recovery):
+            if sample.p99_ms is None or sample.p99_ms > bound:
+                break
+            recovered_after = sample.start - ended
+    return Recovery(
+        steady_p99_ms=steady_p99_ms,
+        check_t=None if check is None else check.start,
+        check_p99_ms=None if check is None else check.p99_ms,
+        recovered_after_s=recovered_after,
+        idle_max_p99_ms=max(idle_p99, default=None),
+        steady_acked_ratio=ratio,
+    )
+
+
+def relation_summary(
+    samples: Sequence[Sample], at_start: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per relation (the table, or each partition): max dead tuples per
+    phase, size at the end, autovacuum runs since ``at_start``."""
+    if not samples:
+        return {}
+    last = samples[-1].relations
+    return {
+        name: {
+            "max_dead_tuples": {
+                phase: max(
+                    (sample.relations[name]["dead_tuples"] for sample in rows),
+                    default=0,
+                )
+                for phase in PHASES
+                if (rows := phase_samples(samples, phase))
+            },
+            "bytes_end": rel["bytes"],
+            "autovacuums": rel["autovacuum_count"] - at_start.get(name, rel)["autovacuum_count"],
+        }
+        for name, rel in last.items()
+    }
+
+
+def build_samples(
+    windows: Sequence[Window],
+    readings: Sequence[Reading],
+    latencies: Sequence[Sequence[float]],
+) -> list[Sample]:
+    """One sample per window from the readings at its two ends."""
+    samples = []
+    for window, before, after, values in zip(
+        windows, readings[:-1], readings[1:], latencies, strict=True
+    ):
+        seconds = after.t - before.t
+        samples.append(
+            Sample(
+                t=round(window.end, 3),
+                window_s=round(window.seconds, 3),
+                phase=window.phase,
+                published_per_s=round((after.published - before.published) / seconds, 1),
+                acked_per_s=round((after.acked - before.acked) / seconds, 1),
+                **latency_ms(values),
+                latency_samples=len(values),
+                dead_tuples=after.dead_tuples,
+                live_tuples=after.live_tuples,
+                table_bytes=after.table_bytes,
+                backlog=after.backlog,
+                loadavg_1m=after.loadavg_1m,
+                relations=after.relations,
+            )
+        )
+    return samples
+
+
+# --- readings ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the clock loop reads at a window boundary."""
+
+    t: float  # seconds from the start of publishing, as read
+    published: int
+    acked: int
+    backlog: int
+    relations: dict[str, dict[str, Any]]
+    loadavg_1m: float = 0.0
+
+    @property
+    def dead_tuples(self) -> int:
+        return sum(int(rel["dead_tuples"]) for rel in self.relations.values())
+
+    @property
+    def live_tuples(self) -> int:
+        return sum(int(rel["live_tuples"]) for rel in self.relations.values())
+
+    @property
+    def table_bytes(self) -> int:
+        return sum(int(rel["bytes"]) for rel in self.relations.values())
+
+
+def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "leaf": leaf,
+            "dead_tuples": dead,
+            "live_tuples": live,
+            "autovacuum_count": vacuums,
+            "last_autovacuum": None if last is None else last.isoformat(),
+            "bytes": size,
+        }
+        for name, leaf, dead, live, vacuums, last, size in conn.execute(RELATIONS_SQL).fetchall()
+    }
+
+
+def read_depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
+    return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
+
+
+# --- the publisher and the latency sampler ----------------------------------------------
+
+
+class Publisher(threading.Thread):
+    """Publishes ``rate`` messages a second through ``messages_publish``:
+    every PUBLISH_TICK_SECONDS, whatever the schedule says is due since the
+    start (so a slow call is caught up on, not dropped), in calls of at most
+    PUBLISH_BATCH_LIMIT. Every ``sample_every``-th message is handed to the
+    latency sampler."""
+
+    def __init__(self, *, queue_name: str, rate: float, message: NewMessage, sample_every: int):
+        super().__init__(name="soak-publisher", daemon=True)
+        self.queue_name = queue_name
+        self.rate = rate
+        self.message = message
+        self.sample_every = sample_every
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.published = 0
+        self.calls = 0
+        self.sampled: list[int] = []
+        self.error: BaseException | None = None
+        self.started_at = 0.0
+        self.longest_call_s = 0.0
+
+    def count(self) -> int:
+        with self.lock:
+            return self.published
+
+    def take_sampled(self) -> list[int]:
+        with self.lock:
+            ids, self.sampled = self.sampled, []
+        return ids
+
+    def scheduled(self, now: float) -> int:
+        return int(self.rate * (now - self.started_at))
+
+    def run(self) -> None:
+        from django.db import connection
+
+        try:
+            self.started_at = time.monotonic()
+            tick = self.started_at
+            while not self.stopping.is_set():
+                due = self.scheduled(time.monotonic()) - self.published
+                for size in batch_sizes(due, PUBLISH_BATCH_LIMIT) if due > 0 else []:
+                    self.publish(size)
+                tick += PUBLISH_TICK_SECONDS
+                self.stopping.wait(max(0.0, tick - time.monotonic()))
+        except BaseException as error:  # reported by the clock loop
+            self.error = error
+        finally:
+            connection.close()
+
+    def publish(self, size: int) -> None:
+        from broker.services.publish import messages_publish
+
+        began = time.monotonic()
+        ids = messages_publish(
+            queue_name=self.queue_name,
+            messages=[self.message] * size,
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
+        self.longest_call_s = max(self.longest_call_s, time.monotonic() - began)
+        # Systematic sample: the messages whose rank in the whole run is a
+        # multiple of sample_every.
+        offset = -self.published % self.sample_every
+        with self.lock:
+            self.sampled.extend(ids[offset :: self.sample_every])
+            self.published += len(ids)
+            self.calls += 1
+
+
+class LatencySampler(threading.Thread):
+    """Follows the sampled messages until their ack: once a second it looks
+    up the oldest LOOKUP_LIMIT pending ones by primary key (ACKED_SQL) on its
+    own connection and keeps (ack time, publish-to-ack seconds) of those now
+    DLVD. Messages are delivered about in id order, so the oldest pending
+    are the ones due; one acked out of order is found once it is among the
+    oldest, and the last lookups (``drain``) take every one left. Each
+    latency is binned by its ack time, so finding it late changes nothing."""
+
+    def __init__(self, *, bench_url: str, publisher: Publisher):
+        super().__init__(name="soak-latency", daemon=True)
+        self.bench_url = bench_url
+        self.publisher = publisher
+        self.stopping = threading.Event()
+        # Ascending: the publisher hands ids over in the order they were made.
+        self.pending: list[int] = []
+        self.acks: list[tuple[float, float]] = []  # (ack epoch, seconds)
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.queries = 0
+        self.query_seconds = 0.0
+        self.longest_query_s = 0.0
+        self.most_pending = 0
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.bench_url, autocommit=True) as conn:
+                while not self.stopping.wait(SAMPLE_TICK_SECONDS):
+                    self.sample(conn, LOOKUP_LIMIT)
+                self.pending += self.publisher.take_sampled()
+                while self.pending and self.sample(conn, LOOKUP_LIMIT * 10):
+                    pass
+        except BaseException as error:  # reported by the clock loop
+            self.error = error
+
+    def sample(self, conn: psycopg.Connection[Any], limit: int) -> int:
+        """Look up the oldest ``limit`` pending messages; returns how many
+        were acked."""
+        self.pending += self.publisher.take_sampled()
+        self.most_pending = max(self.most_pending, len(self.pending))
+        oldest = self.pending[:limit]
+        if not oldest:
+            return 0
+        began = time.perf_counter()
+        rows = conn.execute(ACKED_SQL, {"ids": oldest}).fetchall()
+        seconds = time.perf_counter() - began
+        self.queries += 1
+        self.query_seconds += seconds
+        self.longest_query_s = max(self.longest_query_s, seconds)
+        acked = {message_id for message_id, _, _ in rows}
+        self.pending[:limit] = [message_id for message_id in oldest if message_id not in acked]
+        with self.lock:
+            self.acks += [(acked_at, latency) for _, acked_at, latency in rows]
+        return len(rows)
+
+    def recent(self, since_epoch: float, until_epoch: float) -> list[float]:
+        with self.lock:
+            return [seconds for at, seconds in self.acks if since_epoch <= at < until_epoch]
+
+
+def sample_every(rate: float) -> int:
+    """One message in k followed, for about LATENCY_SAMPLES_PER_WINDOW a window."""
+    return max(1, round(rate * WINDOW_SECONDS / LATENCY_SAMPLES_PER_WINDOW))
+
+
+# --- the idle transaction ------------------------------------------------------------------
+
+
+class IdleTransaction:
+    """A connection that opens a transaction, takes an xid and reads
+    broker_message, then stays idle in it: no dead tuple younger than its
+    xid can be removed (by VACUUM or by index scans) until it ends."""
+
+    def __init__(self, bench_url: str):
+        self.bench_url = bench_url
+        self.conn: psycopg.Connection[Any] | None = None
+        self.pid = 0
+        self.xid = 0
+
+    def open(self) -> None:
+        self.conn = psycopg.connect(self.bench_url)  # not autocommit: BEGIN on first statement
+        self.conn.execute("SET idle_in_transaction_session_timeout = 0")
+        row = self.conn.execute(IDLE_TXN_SQL).fetchone()
+        assert row is not None
+        self.xid, self.pid, _ = row
+        log(f"idle transaction open: backend {self.pid}, xid {self.xid}")
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        """Still idle in its transaction, holding its xid (read on ``conn``)."""
+        row = conn.execute(IDLE_STATE_SQL, [self.pid]).fetchone()
+        if row is None or row[0] != "idle in transaction" or row[1] != str(self.xid):
+            raise BenchError(f"the idle transaction (backend {self.pid}) ended early: {row}")
+
+    def close(self) -> None:
+        if self.conn is None:
+            return
+        try:
+            self.conn.rollback()
+        except psycopg.Error as error:
+            raise BenchError(f"the idle transaction had ended before its time: {error}") from None
+        finally:
+            self.conn.close()
+            self.conn = None
+        log(f"idle transaction ended (backend {self.pid})")
+
+
+# --- failed tasks ------------------------------------------------------------------------------
+
+
+class TaskWatch:
+    """Reads what the deliveries and control workers logged since the last
+    look and keeps the error of every task that raised."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.offsets = {"deliveries": 0, "control": 0}
+        self.errors: list[str] = []
+
+    def look(self) -> list[str]:
+        """The errors of the tasks that failed since the last look."""
+        new = []
+        for name, offset in self.offsets.items():
+            path = self.directory / f"{name}.log"
+            if not path.exists():
+                continue
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            # Only whole lines; a line being written is read next time.
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[name] = offset + len(whole)
+            new += task_errors(whole.decode(errors="replace"))
+        self.errors += new
+        return new
+
+
+def task_errors(text: str) -> list[str]:
+    """The error of each failed task in a worker's log text."""
+    errors = []
+    for line in text.splitlines():
+        at = line.find(TASK_FAILED)
+        if at >= 0:
+            errors.append(line[at + len(TASK_FAILED) :].split(" data=", 1)[0])
+    return errors
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drain:
+    messages: int
+    seconds: float
+    first_claim_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+@dataclass
+class Run:
+    options: Options
+    drain: Drain | None
+    rate: float
+    layout: str
+    windows: list[Window]
+    samples: list[Sample]
+    # Each window's latencies (seconds), by ack time.
+    latencies: list[list[float]]
+    # The relations as the publisher started.
+    relations_at_start: dict[str, dict[str, Any]]
+    published: int
+    # TBDL + DLNG when the publisher stopped, and the seconds until all was DLVD.
+    backlog_at_end: int
+    backlog_drained_s: float
+    acked_in_run: int
+    latency_sample_every: int
+    acks_outside: int
+    sampler: dict[str, Any]
+    publisher: dict[str, Any]
+    idle: dict[str, Any]
+    # The error of every Celery task that raised during the soak.
+    task_errors: list[str]
+    started_utc: str
+
+
+def measure_drain(bench: deliver.Bench, count: int) -> Drain:
+    """deliver.py's Celery path: ``count`` messages published paused to a
+    fresh noop queue (batch size 100), drained by 2 delivery processes; the
+    clock runs from the first claim to all DLVD. The messages are deleted
+    afterwards, so the soak starts on an empty table."""
+    queue = deliver.make_queue(
+        DRAIN_QUEUE_NAME,
+        consumer="noop",
+        batch_size=BATCH_SIZE,
+        size=bench.options.size,
+        paused=True,
+    )
+    log(f"drain: publishing {count} messages to {queue.name}")
+    deliver.publish_messages(queue, deliver.new_message(bench.payload), count)
+    deliver.flush_redis(bench.redis)
+    checkpoint()
+    seconds, first_claim = deliver.run_celery(bench, queue, count)
+    deliver.verify_delivered(queue, count, "drain")
+    drain = Drain(count, seconds, first_claim)
+    log(f"drain: {drain.rate:.0f} msgs/s")
+    with psycopg.connect(bench.bench_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
+    return drain
+
+
+def vacuum_and_checkpoint(bench_url: str) -> None:
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker_message")
+    checkpoint()
+
+
+def make_soak_queue(size: int) -> Queue:
+    return deliver.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
+
+
+@dataclass
+class Clock:
+    """The clock loop's view: one reading per window boundary."""
+
+    conn: psycopg.Connection[Any]
+    queue_id: int
+    publisher: Publisher
+    started: float = 0.0
+
+    def read(self) -> Reading:
+        t = time.monotonic() - self.started
+        published = self.publisher.count()
+        depth = read_depths(self.conn, self.queue_id)
+        relations = read_relations(self.conn)
+        return Reading(
+            t=t,
+            published=published,
+            acked=depth.get("DLVD", 0),
+            backlog=depth.get("TBDL", 0) + depth.get("DLNG", 0),
+            relations=relations,
+            loadavg_1m=round(os.getloadavg()[0], 2),
+        )
+
+
+def describe(reading: Reading, before: Reading, window: Window, p99_ms: float | None) -> str:
+    seconds = reading.t - before.t
+    p99 = "-" if p99_ms is None else f"{p99_ms:.0f} ms"
+    return (
+        f"t={reading.t:6.0f}s {window.phase:<8} "
+        f"published {(reading.published - before.published) / seconds:6.0f}/s "
+        f"acked {(reading.acked - before.acked) / seconds:6.0f}/s "
+        f"backlog {reading.backlog:7d}  dead {reading.dead_tuples:8d} "
+        f"live {reading.live_tuples:8d}  {reading.table_bytes / 1e6:7.1f} MB  "
+        f"p99 {p99} (acks seen so far)"
+    )
+
+
+def run_windows(
+    clock: Clock,
+    windows: Sequence[Window],
+    sampler: LatencySampler,
+    idle: IdleTransaction,
+    check: Callable[[], None],
+) -> tuple[list[Reading], float]:
+    """Start the publisher and the sampler, then read at every window's end;
+    opens the idle transaction as its phase starts and ends it as the next
+    one starts. Returns the readings (one more than windows) and the epoch
+    time of the start."""
+    clock.started = time.monotonic()
+    started_epoch = time.time()
+    clock.publisher.start()
+    sampler.start()
+    readings = [clock.read()]
+    phase = ""
+    for window in windows:
+        if window.phase != phase:
+            if phase == "idle_txn":
+                idle.close()
+            if window.phase == "idle_txn":
+                idle.open()
+            phase = window.phase
+            log(f"--- {phase} from t={window.start:.0f}s")
+        time.sleep(max(0.0, clock.started + window.end - time.monotonic()))
+        reading = clock.read()
+        if phase == "idle_txn":
+            idle.check(clock.conn)
+        check()
+        recent = sampler.recent(started_epoch + window.start, started_epoch + window.end)
+        log(describe(reading, readings[-1], window, latency_ms(recent)["p99_ms"]))
+        readings.append(reading)
+    if phase == "idle_txn":
+        idle.close()
+    return readings, started_epoch
+
+
+def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run:
+    if options.rate is not None:
+        rate = options.rate
+    elif drain is not None:
+        rate = drain.rate * LOAD_FRACTION
+    else:
+        raise BenchError("no rate: neither --rate nor a drain measurement")
+    queue = make_soak_queue(options.size)
+    vacuum_and_checkpoint(bench.bench_url)
+    windows = plan_windows(
+        [
+            ("steady", options.minutes * 60),
+            ("idle_txn", options.idle_minutes * 60),
+            ("recovery", options.recovery_minutes * 60),
+        ]
+    )
+    every = sample_every(rate)
+    publisher = Publisher(
+        queue_name=queue.name,
+        rate=rate,
+        message=deliver.new_message(bench.payload),
+        sample_every=every,
+    )
+    sampler = LatencySampler(bench_url=bench.bench_url, publisher=publisher)
+    idle = IdleTransaction(bench.bench_url)
+    started_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    log(
+        f"soak: {rate:.0f} msgs/s to {queue.name} for {windows[-1].end:.0f} s "
+        f"(steady {options.minutes:g} min, idle transaction {options.idle_minutes:g} min, "
+        f"recovery {options.recovery_minutes:g} min); latency of 1 message in {every}"
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
+        psycopg.connect(bench.bench_url, autocommit=True) as conn,
+        deliver.celery_processes(bench, Path(directory)),
+    ):
+        layout = describe_layout(read_relations(conn))
+        tasks = TaskWatch(Path(directory))
+
+        def check() -> None:
+            if publisher.error is not None:
+                raise BenchError(f"publisher failed: {publisher.error!r}")
+            if sampler.error is not None:
+                raise BenchError(f"latency sampler failed: {sampler.error!r}")
+            for error in tasks.look():
+                log(f"a task failed: {error[:300]}")
+
+        clock = Clock(conn=conn, queue_id=queue.id, publisher=publisher)
+        try:
+            readings, started_epoch = run_windows(clock, windows, sampler, idle, check)
+        except BaseException:
+            sampler.stopping.set()
+            raise
+        finally:
+            publisher.stopping.set()
+            publisher.join()
+            idle.close()
+        check()
+        published = publisher.count()
+        log(f"soak: publisher stopped after {published} messages; draining the backlog")
+        backlog_drained_s = wait_drained(conn, queue.id, published, check)
+        time.sleep(SAMPLE_TICK_SECONDS)  # the sampler's last lookups
+        sampler.stopping.set()
+        sampler.join()
+        check()
+    deliver.verify_delivered(queue, published, "soak")
+    acks = [(at - started_epoch, seconds) for at, seconds in sampler.acks]
+    binned = bin_latencies(acks, windows)
+    samples = build_samples(windows, readings, binned)
+    return Run(
+        options=options,
+        drain=drain,
+        rate=rate,
+        layout=layout,
+        windows=list(windows),
+        samples=samples,
+        latencies=binned,
+        relations_at_start=readings[0].relations,
+        published=published,
+        backlog_at_end=readings[-1].backlog,
+        backlog_drained_s=backlog_drained_s,
+        acked_in_run=readings[-1].acked - readings[0].acked,
+        latency_sample_every=every,
+        acks_outside=len(acks) - sum(len(values) for values in binned),
+        sampler={
+            "followed": len(sampler.acks) + len(sampler.pending),
+            "acked": len(sampler.acks),
+            "queries": sampler.queries,
+            "mean_query_ms": round(1000 * sampler.query_seconds / max(sampler.queries, 1), 2),
+            "longest_query_ms": round(1000 * sampler.longest_query_s, 1),
+            "most_pending": sampler.most_pending,
+        },
+        publisher={
+            "calls": publisher.calls,
+            "longest_call_ms": round(1000 * publisher.longest_call_s, 1),
+        },
+        idle={"backend_pid": idle.pid, "xid": idle.xid},
+        task_errors=tasks.errors,
+        started_utc=started_utc,
+    )
+
+
+def wait_drained(
+    conn: psycopg.Connection[Any], queue_id: int, count: int, check: Callable[[], None]
+) -> float:
+    """Wait until the queue's DLVD counter reaches ``count``, logging the
+    progress every DRAIN_LOG_SECONDS; fails when it stops moving for
+    deliver.STALL_TIMEOUT_SECONDS. Returns the seconds it took: after an
+    overloaded run, the backlog is drained after the clock."""
+    began = logged = time.monotonic()
+    delivered, moved = -1, began
+    while (now_delivered := read_depths(conn, queue_id).get("DLVD", 0)) < count:
+        now = time.monotonic()
+        if now_delivered != delivered:
+            delivered, moved = now_delivered, now
+        elif now - moved > deliver.STALL_TIMEOUT_SECONDS:
+            raise BenchError(
+                f"soak: delivery stalled at {delivered} of {count} DLVD "
+                f"for {deliver.STALL_TIMEOUT_SECONDS:.0f}s"
+            )
+        if now - logged >= DRAIN_LOG_SECONDS:
+            log(f"draining: {count - delivered} left after {now - began:.0f} s")
+            logged = now
+        check()
+        time.sleep(deliver.POLL_SECONDS * 10)
+    return time.monotonic() - began
+
+
+def describe_layout(relations: dict[str, dict[str, Any]]) -> str:
+    leaves = [name for name, rel in relations.items() if rel["leaf"]]
+    if len(relations) == 1:
+        return "plain"
+    return "partitioned (" + ", ".join(leaves) + ")"
+
+
+def run_all(options: Options, bench_url: str) -> Run:
+    setup_django(bench_url)
+    payload = make_payload(options.size)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
+        deliver.private_redis(Path(directory)) as redis_server,
+    ):
+        bench = deliver.Bench(
+            deliver.Options(
+                messages=options.drain_messages,
+                batches=(BATCH_SIZE,),
+                concurrency=CONCURRENCY,
+                size=options.size,
+                batch1_messages=options.drain_messages,
+                isolation=False,
+            ),
+            bench_url,
+            redis_server,
+            payload,
+        )
+        drain = None if options.rate is not None else measure_drain(bench, options.drain_messages)
+        deliver.flush_redis(redis_server)
+        return run_soak(options, bench, drain)
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def phase_latencies(run: Run, phase: str) -> list[float]:
+    """Every latency sampled in a phase's windows, pooled."""
+    return [
+        value
+        for window, values in zip(run.windows, run.latencies, strict=True)
+        if window.phase == phase
+        for value in values
+    ]
+
+
+def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]:
+    samples = run.samples
+    drift = drift_pct(samples)
+    dead = dead_tuples_halves(samples)
+    recovery = recovery_check(samples, steady_latency["p99_ms"])
+    idle = phase_samples(samples, "idle_txn")
+    steady = phase_samples(samples, "steady")
+    first, last = drift_windows(steady)
+    peak = max(samples, key=lambda sample: sample.dead_tuples)
+    drift_pass = drift is not None and abs(drift) < TARGETS["drift_pct"]
+    return {
+        "bench": "soak",
+        "layout": run.layout,
+        "minutes": run.options.minutes,
+        "idle_minutes": run.options.idle_minutes,
+        "recovery_minutes": run.options.recovery_minutes,
+        "payload_bytes": run.options.size,
+        "concurrency": CONCURRENCY,
+        "batch_size": BATCH_SIZE,
+        "drain_messages": None if run.drain is None else run.drain.messages,
+        "drain_msgs_per_s": None if run.drain is None else round(run.drain.rate, 1),
+        "load_fraction": None if run.drain is None else LOAD_FRACTION,
+        "rate_msgs_per_s": round(run.rate, 1),
+        "rate_given": run.drain is None,
+        "published": run.published,
+        "window_s": WINDOW_SECONDS,
+        "latency_sample_every": run.latency_sample_every,
+        "latency_clock": "created_at (publish transaction) to updated_at (ack transaction)",
+        "steady_published_per_s": round(rate_over(steady, "published_per_s") or 0, 1),
+        "steady_acked_per_s": round(rate_over(steady, "acked_per_s") or 0, 1),
+        "first_minute_acked_per_s": round(rate_over(first, "acked_per_s") or 0, 1),
+        "last_minute_acked_per_s": round(rate_over(last, "acked_per_s") or 0, 1),
+        "drift_pct": None if drift is None else round(drift, 2),
+        "published_drift_pct": _round(drift_pct(samples, "published_per_s"), 2),
+        "steady_latency_ms": steady_latency,
+        "idle_max_p99_ms": recovery.idle_max_p99_ms,
+        "idle_max_backlog": max((sample.backlog for sample in idle), default=None),
+        "dead_tuples_first_half_max": dead.first_half_max,
+        "dead_tuples_second_half_max": dead.second_half_max,
+        "dead_tuples_growth": _round(dead.growth, 3),
+        "dead_tuples_peak": peak.dead_tuples,
+        "dead_tuples_peak_t": peak.t,
+        "table_bytes_end": samples[-1].table_bytes,
+        "backlog_at_end": run.backlog_at_end,
+        "backlog_drained_s": round(run.backlog_drained_s, 1),
+        "recovery_check_t": recovery.check_t,
+        "recovery_check_p99_ms": recovery.check_p99_ms,
+        "recovery_bound_ms": _round(recovery.bound_ms, 1),
+        "recovered_after_s": recovery.recovered_after_s,
+        "steady_acked_vs_published": _round(recovery.steady_acked_ratio, 3),
+        "steady_kept_up": recovery.steady_kept_up,
+        "targets": dict(TARGETS),
+        "verdicts": {
+            "drift": "PASS" if drift_pass else "MISS",
+            "dead_tuples_bounded": "PASS" if dead.bounded else "MISS",
+            "recovery_p99": "PASS" if recovery.passed else "MISS",
+        },
+        "sampler": run.sampler,
+        "publisher": run.publisher,
+        "acks_outside_windows": run.acks_outside,
+        "task_failures": len(run.task_errors),
+        "task_errors": dict(Counter(error[:300] for error in run.task_errors).most_common(5)),
+        "relations": relation_summary(samples, run.relations_at_start),
+        "loadavg_1m": {
+            "mean": round(sum(sample.loadavg_1m for sample in samples) / len(samples), 2),
+            "max": max(sample.loadavg_1m for sample in samples),
+        },
+        "code": code_version(),
+    }
+
+
+def code_version() -> dict[str, Any]:
+    """The commit measured, and whether the work tree differed from it."""
+
+    def git(*args: str) -> str:
+        result = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+        return result.stdout.strip()
+
+    # Untracked files (a bench being written) do not change what is measured.
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def write_series(run: Run, figures: dict[str, Any]) -> Path:
+    """var/bench/soak-<UTC>.json and soak-latest.json: the figures, the
+    phases and every window's sample."""
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    document = {
+        **figures,
+        "durability": dict(DURABILITY),
+        "started_utc": run.started_utc,
+        "phases": phase_bounds(run.windows),
+        "idle_transaction": run.idle,
+        "samples": [asdict(sample) for sample in run.samples],
+    }
+    stamp = run.started_utc.replace("-", "").replace(":", "")
+    path = BENCH_DIR / f"soak-{stamp}.json"
+    text = json.dumps(document, indent=1)
+    path.write_text(text)
+    (BENCH_DIR / "soak-latest.json").write_text(text)
+    return path
+
+
+def print_report(run: Run) -> None:
+    windows = run.windows
+    steady_latency = latency_ms(phase_latencies(run, "steady"))
+    figures = summary(run, steady_latency)
+    path = write_series(run, figures)
+    figures["series_file"] = str(path.relative_to(ROOT))
+    verdicts = figures["verdicts"]
+    print(
+        f"soak bench: {run.options.size}-byte payloads, consumer noop, batch size {BATCH_SIZE}, "
+        f"Celery deliveries worker --concurrency {CONCURRENCY} (DEBUG off); broker_message "
+        f"{run.layout}"
+    )
+    if run.drain is None:
+        print(f"rate: {run.rate:.0f} msgs/s (--rate)")
+    else:
+        print(
+            f"drain: {run.drain.messages} messages in {run.drain.seconds:.2f} s = "
+            f"{run.drain.rate:.0f} msgs/s; publishing at {LOAD_FRACTION:.0%}: {run.rate:.0f} msgs/s"
+        )
+    bounds = phase_bounds(windows)
+    print(
+        "phases: "
+        + ", ".join(f"{name} {start:.0f}-{end:.0f} s" for name, (start, end) in bounds.items())
+    )
+    print()
+    print(
+        f"{'phase':<9} {'pub/s':>7} {'acked/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+        f"{'max dead':>10} {'max backlog':>12} {'MB at end':>10}"
+    )
+    for phase in PHASES:
+        rows = phase_samples(run.samples, phase)
+        if not rows:
+            continue
+        lat = latency_ms(phase_latencies(run, phase))
+        print(
+            f"{phase:<9} {rate_over(rows, 'published_per_s') or 0:>7.0f} "
+            f"{rate_over(rows, 'acked_per_s') or 0:>8.0f} {_ms(lat['p50_ms'])} "
+            f"{_ms(lat['p95_ms'])} {_ms(lat['p99_ms'])} "
+            f"{max(row.dead_tuples for row in rows):>10d} "
+            f"{max(row.backlog for row in rows):>12d} {rows[-1].table_bytes / 1e6:>10.1f}"
+        )
+    print()
+    drift = figures["drift_pct"]
+    print(
+        f"throughput drift (acked/s, last steady minute vs first): "
+        f"{figures['first_minute_acked_per_s']:.0f} -> {figures['last_minute_acked_per_s']:.0f} "
+        f"msgs/s, {'-' if drift is None else f'{drift:+.1f} %'}  target |drift| < "
+        f"{TARGETS['drift_pct']:g} % {verdicts['drift']}"
+    )
+    growth = figures["dead_tuples_growth"]
+    print(
+        f"dead tuples (steady phase, max per half): {figures['dead_tuples_first_half_max']} -> "
+        f"{figures['dead_tuples_second_half_max']}, x{'-' if growth is None else f'{growth:.2f}'}"
+        f"  target <= x{TARGETS['dead_tuples_growth']:g} {verdicts['dead_tuples_bounded']}"
+    )
+    print(
+        f"recovery: steady p99 {_ms(steady_latency['p99_ms']).strip()} ms; p99 of the window "
+        f"{RECOVERY_CHECK_SECONDS:g} s after the idle transaction ended "
+        f"{_ms(figures['recovery_check_p99_ms']).strip()} ms  target <= "
+        f"{TARGETS['recovery_p99_vs_steady']:g}x steady ({_ms(figures['recovery_bound_ms']).strip()} ms) "
+        f"{verdicts['recovery_p99']}"
+    )
+    recovered = figures["recovered_after_s"]
+    print(
+        "  every later window within the bound from "
+        + ("never" if recovered is None else f"{recovered:.0f} s after it ended")
+        + f"; idle transaction's worst p99 {_ms(figures['idle_max_p99_ms']).strip()} ms"
+    )
+    if not figures["steady_kept_up"]:
+        print(
+            f"  MISS whatever the p99: the steady phase did not keep up (acked "
+            f"{figures['steady_acked_per_s']:.0f} of {figures['steady_published_per_s']:.0f} "
+            f"msgs/s published, backlog growing), so its p99 is no baseline"
+        )
+    if len(figures["relations"]) > 1:
+        print()
+        print_relations(figures["relations"])
+    load = figures["loadavg_1m"]
+    print(
+        f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
+    )
+    print(f"time series: {figures['series_file']}")
+    print_figures(figures)
+
+
+def print_relations(relations: dict[str, dict[str, Any]]) -> None:
+    print(
+        f"{'relation':<28} "
+        + " ".join(f"{'max dead ' + phase:>18}" for phase in PHASES)
+        + f" {'MB at end':>10} {'autovacuums':>12}"
+    )
+    for name, rel in relations.items():
+        dead = rel["max_dead_tuples"]
+        print(
+            f"{name:<28} "
+            + " ".join(f"{dead.get(phase, 0):>18d}" for phase in PHASES)
+            + f" {rel['bytes_end'] / 1e6:>10.1f} {rel['autovacuums']:>12d}"
+        )
+
+
+def _ms(value: float | None) -> str:
+    return f"{'-':>8}" if value is None else f"{value:>8.1f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    return run_bench(lambda bench_url: print_report(run_all(options, bench_url)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

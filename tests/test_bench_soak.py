@@ -1,0 +1,284 @@
+"""bench/soak.py without processes: its arguments, and the figures it draws
+from a time series (percentiles per window, drift, dead tuples, recovery)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from bench import soak
+from bench.soak import Reading, Sample, Window
+
+
+def sample(
+    t: float,
+    *,
+    phase: str = "steady",
+    acked: float = 1000.0,
+    published: float = 1000.0,
+    p99: float | None = 100.0,
+    dead: int = 0,
+    window: float = 10.0,
+) -> Sample:
+    return Sample(
+        t=t,
+        window_s=window,
+        phase=phase,
+        published_per_s=published,
+        acked_per_s=acked,
+        p50_ms=None if p99 is None else p99 / 4,
+        p95_ms=None if p99 is None else p99 / 2,
+        p99_ms=p99,
+        latency_samples=0 if p99 is None else 100,
+        dead_tuples=dead,
+        live_tuples=0,
+        table_bytes=0,
+        backlog=0,
+    )
+
+
+def steady_series(acked: Sequence[float]) -> list[Sample]:
+    return [sample(10.0 * (n + 1), acked=rate) for n, rate in enumerate(acked)]
+
+
+def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        soak.parse_args(list(argv))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+# --- arguments ----------------------------------------------------------------------
+
+
+def test_it_rejects_zero_minutes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--minutes: must be more than 0, not 0" in parse_error(capsys, "--minutes", "0")
+
+
+def test_it_rejects_a_steady_phase_too_short_to_halve(capsys: pytest.CaptureFixture[str]) -> None:
+    error = parse_error(capsys, "--minutes", "0.2")
+    assert "--minutes must be at least 0.33 (20 s" in error
+
+
+def test_it_rejects_a_negative_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--rate: must be more than 0, not -5" in parse_error(capsys, "--rate", "-5")
+
+
+def test_it_rejects_a_rate_that_is_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--rate: not a number: 'fast'" in parse_error(capsys, "--rate", "fast")
+
+
+def test_it_rejects_an_infinite_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--rate: must be more than 0, not inf" in parse_error(capsys, "--rate", "inf")
+
+
+def test_it_rejects_zero_idle_minutes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--idle-minutes: must be more than 0" in parse_error(capsys, "--idle-minutes", "0")
+
+
+def test_it_rejects_a_recovery_without_a_window_after_the_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = parse_error(capsys, "--recovery-minutes", "1")
+    assert "--recovery-minutes must be at least 1.17 (70 s" in error
+    assert "60 s after the idle transaction ends" in error
+
+
+def test_the_idle_transaction_may_outlast_the_steady_phase() -> None:
+    # The phases follow each other: an idle transaction longer than the
+    # steady phase is a valid (harsh) run.
+    options = soak.parse_args(["--minutes", "1", "--idle-minutes", "5"])
+    assert (options.minutes, options.idle_minutes) == (1.0, 5.0)
+
+
+def test_defaults_are_the_issue_s() -> None:
+    options = soak.parse_args([])
+    assert options == soak.Options(
+        minutes=10.0,
+        rate=None,
+        idle_minutes=3.0,
+        recovery_minutes=2.0,
+        drain_messages=20_000,
+        size=1024,
+    )
+
+
+# --- windows and percentiles -----------------------------------------------------------
+
+
+def test_each_phase_is_cut_into_windows_from_its_own_start() -> None:
+    windows = soak.plan_windows([("steady", 25), ("idle_txn", 10), ("recovery", 70)])
+    assert windows[:4] == [
+        Window("steady", 0, 10),
+        Window("steady", 10, 20),
+        Window("steady", 20, 25),
+        Window("idle_txn", 25, 35),
+    ]
+    assert windows[-1] == Window("recovery", 95, 105)
+    assert soak.phase_bounds(windows) == {
+        "steady": [0, 25],
+        "idle_txn": [25, 35],
+        "recovery": [35, 105],
+    }
+
+
+def test_a_short_remainder_lengthens_the_phase_s_last_window() -> None:
+    windows = soak.plan_windows([("recovery", 70.2)])
+    assert len(windows) == 7
+    assert windows[-1] == Window("recovery", 60, 70.2)
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(n) for n in range(100, 0, -1)]  # unsorted
+    assert [soak.percentile(values, q) for q in (50, 95, 99, 100)] == [50, 95, 99, 100]
+    assert soak.percentile([0.25], 99) == 0.25
+    assert soak.percentile([], 99) is None
+
+
+def test_latencies_are_binned_by_ack_time() -> None:
+    windows = [Window("steady", 0, 10), Window("steady", 10, 20)]
+    acks = [(-0.5, 9.0), (0.0, 0.1), (9.99, 0.2), (10.0, 0.3), (19.5, 0.4), (20.0, 9.0)]
+    assert soak.bin_latencies(acks, windows) == [[0.1, 0.2], [0.3, 0.4]]
+
+
+def test_latency_figures_are_milliseconds() -> None:
+    values = [n / 1000 for n in range(1, 201)]  # 1 ms to 200 ms
+    assert soak.latency_ms(values) == {"p50_ms": 100.0, "p95_ms": 190.0, "p99_ms": 198.0}
+    assert soak.latency_ms([]) == {"p50_ms": None, "p95_ms": None, "p99_ms": None}
+
+
+def test_samples_take_rates_from_the_readings_at_both_ends() -> None:
+    relations: dict[str, dict[str, Any]] = {
+        "broker_message_live": {"dead_tuples": 30, "live_tuples": 5, "bytes": 1000},
+        "broker_message_delivered": {"dead_tuples": 0, "live_tuples": 70, "bytes": 9000},
+    }
+    readings = [
+        Reading(t=0.0, published=0, acked=0, backlog=0, relations={}),
+        Reading(t=10.0, published=1000, acked=900, backlog=100, relations=relations),
+        Reading(t=20.5, published=2050, acked=2000, backlog=50, relations=relations),
+    ]
+    windows = [Window("steady", 0, 10), Window("idle_txn", 10, 20)]
+    first, second = soak.build_samples(windows, readings, [[0.01, 0.02], []])
+    assert (first.published_per_s, first.acked_per_s, first.p99_ms) == (100.0, 90.0, 20.0)
+    assert (first.dead_tuples, first.live_tuples, first.table_bytes) == (30, 75, 10000)
+    assert (second.t, second.phase, second.acked_per_s, second.p99_ms) == (
+        20,
+        "idle_txn",
+        104.8,
+        None,
+    )
+
+
+def test_one_message_in_k_is_followed_for_about_2000_samples_a_window() -> None:
+    assert soak.sample_every(100) == 1
+    assert soak.sample_every(2000) == 10
+
+
+# --- drift ------------------------------------------------------------------------------
+
+
+def test_drift_compares_the_last_steady_minute_with_the_first() -> None:
+    series = steady_series([1000] * 6 + [990] * 6 + [950] * 6)
+    series.append(sample(190, phase="idle_txn", acked=10))
+    assert soak.drift_pct(series) == pytest.approx(-5.0)
+
+
+def test_drift_of_a_short_steady_phase_compares_its_halves() -> None:
+    series = steady_series([1000, 1000, 1100, 1100])
+    assert soak.drift_pct(series) == pytest.approx(10.0)
+
+
+def test_drift_is_unknown_when_nothing_was_acked_at_first() -> None:
+    assert soak.drift_pct(steady_series([0] * 6 + [1000] * 6)) is None
+
+
+# --- dead tuples ------------------------------------------------------------------------
+
+
+def test_a_vacuum_sawtooth_is_bounded() -> None:
+    teeth = [10_000, 40_000, 70_000, 100_000, 20_000, 50_000] * 10
+    series = [sample(10.0 * (n + 1), dead=dead) for n, dead in enumerate(teeth)]
+    dead = soak.dead_tuples_halves(series)
+    assert (dead.first_half_max, dead.second_half_max) == (100_000, 100_000)
+    assert dead.bounded
+
+
+def test_dead_tuples_growing_all_along_are_not_bounded() -> None:
+    series = [sample(10.0 * (n + 1), dead=3000 * (n + 1)) for n in range(60)]
+    dead = soak.dead_tuples_halves(series)
+    assert dead.growth == pytest.approx(2.0)
+    assert not dead.bounded
+
+
+def test_only_the_steady_phase_counts_for_dead_tuples() -> None:
+    series = [sample(10.0 * (n + 1), dead=1000) for n in range(4)]
+    series.append(sample(50, phase="idle_txn", dead=1_000_000))
+    assert soak.dead_tuples_halves(series).growth == 1.0
+
+
+# --- recovery ---------------------------------------------------------------------------
+
+
+def recovery_series(recovery_p99: Sequence[float | None]) -> list[Sample]:
+    series = steady_series([1000] * 6)
+    series += [sample(60 + 10.0 * (n + 1), phase="idle_txn", p99=2000) for n in range(3)]
+    series += [
+        sample(90 + 10.0 * (n + 1), phase="recovery", p99=p99) for n, p99 in enumerate(recovery_p99)
+    ]
+    return series
+
+
+def test_recovery_passes_when_the_p99_is_back_60_s_after_the_idle_transaction() -> None:
+    series = recovery_series([900, 500, 300, 250, 150, 120, 110, 100])
+    recovery = soak.recovery_check(series, steady_p99_ms=100.0)
+    assert recovery.bound_ms == 200.0
+    assert (recovery.check_t, recovery.check_p99_ms) == (150.0, 110)
+    assert recovery.recovered_after_s == 40.0
+    assert recovery.idle_max_p99_ms == 2000
+    assert recovery.passed
+
+
+def test_recovery_misses_when_the_p99_is_still_high_at_60_s() -> None:
+    series = recovery_series([900, 500, 300, 250, 150, 120, 201, 100])
+    recovery = soak.recovery_check(series, steady_p99_ms=100.0)
+    assert recovery.check_p99_ms == 201
+    assert recovery.recovered_after_s == 70.0
+    assert not recovery.passed
+
+
+def test_recovery_misses_without_acks_in_the_checked_window() -> None:
+    series = recovery_series([900, 500, 300, 250, 150, 120, None, 100])
+    recovery = soak.recovery_check(series, steady_p99_ms=100.0)
+    assert recovery.check_p99_ms is None
+    assert not recovery.passed
+
+
+def test_a_recovery_that_never_comes_back_has_no_recovery_time() -> None:
+    series = recovery_series([900] * 8)
+    assert soak.recovery_check(series, steady_p99_ms=100.0).recovered_after_s is None
+
+
+# --- failed tasks -------------------------------------------------------------------------
+
+
+def test_failed_tasks_are_read_from_celery_s_log_lines() -> None:
+    text = (
+        "INFO celery.app.trace Task lazaretto.deliver[1] succeeded in 0.1s: None\n"
+        "ERROR celery.app.trace Task lazaretto.deliver[2] raised unexpected: "
+        "OperationalError('tuple to be locked was already moved') data={'id': '2'}\n"
+    )
+    assert soak.task_errors(text) == ["OperationalError('tuple to be locked was already moved')"]
+
+
+def test_recovery_misses_when_the_steady_phase_did_not_keep_up() -> None:
+    # A steady phase that built a backlog has a huge p99: recovering "within
+    # twice" it would say nothing.
+    series = recovery_series([100] * 8)
+    series = [sample(s.t, acked=500) if s.phase == "steady" else s for s in series]
+    recovery = soak.recovery_check(series, steady_p99_ms=100.0)
+    assert recovery.steady_acked_ratio == 0.5
+    assert recovery.check_p99_ms == 100
+    assert not recovery.steady_kept_up
+    assert not recovery.passed
