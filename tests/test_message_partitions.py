@@ -5,6 +5,9 @@ is delivered."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
 import pytest
 from django.db import connection
 
@@ -14,7 +17,8 @@ from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import message_fail
-from broker.services.transitions.in_flight import CLAIM_SQL
+from broker.services.transitions.in_flight import ACK_SQL, CLAIM_SQL
+from tests.harness import database_url_for_workers, wait_until
 from tests.test_delivery_service import lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,3 +107,37 @@ def test_the_claim_reads_and_writes_the_live_partition_only():
 
     assert "broker_message_live" in plan
     assert "broker_message_delivered" not in plan
+
+
+def test_a_statement_waiting_for_a_message_the_ack_moves_out_finds_it_gone():
+    # A purge of the waiting messages sees the message TBDL and waits for the
+    # claim's lock on it; the same transaction then acknowledges it, so it
+    # leaves the live partition. The purge must find it gone and go on, not
+    # fail as it would on a row that an UPDATE of its state had moved.
+    queue = queue_create(name="Q", consumer="noop")
+    [message_id] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")])
+    url = database_url_for_workers()
+    with psycopg.connect(url) as worker, psycopg.connect(url, autocommit=True) as purger:
+        claim = {"queue_id": queue.id, "suspect": False, "limit": 1}
+        worker.execute(CLAIM_SQL, {**claim, "owner": "w", "lease_seconds": 30})
+        purger_pid = purger.info.backend_pid
+        with ThreadPoolExecutor(1) as pool:
+            purge = pool.submit(
+                purger.execute,
+                "DELETE FROM broker_message WHERE queue_id = %s AND state = 'TBDL'",
+                [queue.id],
+            )
+            wait_until(
+                lambda: worker.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [purger_pid]
+                ).fetchone()
+                == ("Lock",),
+                timeout=10,
+                what="the purge to wait for the claim's lock",
+            )
+            acked = worker.execute(ACK_SQL, {"ids": [message_id], "owner": "w"}).fetchall()
+            worker.commit()
+
+            assert purge.result(timeout=10).rowcount == 0
+    assert len(acked) == 1
+    assert partition_of() == {message_id: ("broker_message_delivered", "DLVD")}

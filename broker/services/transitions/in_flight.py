@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
-from broker.models import MAX_SUSPECT_DELAY_SECONDS
+from broker.models import MAX_SUSPECT_DELAY_SECONDS, Message
 from broker.services.stats import minute_count_ctes, minute_count_on_commit, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
@@ -54,17 +54,40 @@ FROM due WHERE m.id = due.id AND {guard(T.CLAIM)}
 RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
 """  # noqa: S608
 
-# Joined on the ids (primary key lookups) rather than "id = ANY(…)", which the
-# planner may combine with a scan of message_in_flight_idx and its dead entries.
+# The acknowledgement deletes the messages from the live partition and
+# inserts them, DLVD, into the delivered one (migration 0011), rather than
+# updating their state: a claim, sweep or expiry that meets one of these rows
+# in a concurrent lock then finds it gone and skips it, where a row the UPDATE
+# of the partition key had moved would fail its statement ("tuple to be locked
+# was already moved to another partition"). The depth trigger counts the
+# delete and the insert. Joined on the ids (primary key lookups) rather than
+# "id = ANY(…)", which the planner may combine with a scan of
+# message_in_flight_idx and its dead entries.
+_MESSAGE_COLUMNS = [field.column for field in Message._meta.concrete_fields]
+_ACKNOWLEDGED = {
+    "state": "'DLVD'",
+    "lease_owner": "''",
+    "lease_deadline": "NULL",
+    "suspect": "false",
+    "updated_at": "now()",
+}
+_ACK_CTES = f"""
+acked AS (
+    DELETE FROM broker_message AS m
+    USING unnest(%(ids)s::bigint[]) AS a(id)
+    WHERE m.id = a.id AND {guard(T.ACK)} AND m.lease_owner = %(owner)s
+    RETURNING m.*
+), delivered AS (
+    INSERT INTO broker_message ({", ".join(_MESSAGE_COLUMNS)})
+    SELECT {", ".join(_ACKNOWLEDGED.get(column, column) for column in _MESSAGE_COLUMNS)}
+    FROM acked
+)"""  # noqa: S608
+
 # Returns each message's time from its publish to this ack, on the database's
 # clock (the delivery latency /metrics shows).
 ACK_SQL = f"""
-UPDATE broker_message AS m
-SET state = 'DLVD', lease_owner = '', lease_deadline = NULL, suspect = false,
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[]) AS a(id)
-WHERE m.id = a.id AND {guard(T.ACK)} AND m.lease_owner = %(owner)s
-RETURNING extract(epoch FROM now() - m.created_at)::float8 AS seconds
+WITH {_ACK_CTES}
+SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 """  # noqa: S608
 
 # The ack that also counts the delivery unit on its queue's per-minute and
@@ -72,12 +95,12 @@ RETURNING extract(epoch FROM now() - m.created_at)::float8 AS seconds
 # parameter), in one statement: outside a transaction, one commit settles a
 # batch its consumer acknowledged whole.
 _ACK_COUNTED_SQL = f"""
-WITH acked AS ({ACK_SQL}), {
+WITH {_ACK_CTES}, {
     minute_count_ctes(
         delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
     )
 }
-SELECT seconds FROM acked
+SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 """  # noqa: S608
 
 _RETRY_SQL = f"""
