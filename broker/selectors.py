@@ -179,27 +179,36 @@ class DueQueue:
     suspects: int
 
 
+# Deliverable queues holding at least one due TBDL message. The TBDL
+# counter rules out idle queues; the probe for the next due message rules
+# out queues whose waiting messages are all delayed. It reads
+# message_ready_idx in its own order, so the planner walks that index from
+# the top: as an EXISTS, PostgreSQL made it a semi-join over a scan of the
+# whole live partition, which took seconds under a backlog of millions.
+# Suspects are counted on message_suspect_idx, which holds the few waiting
+# suspects only.
+DUE_QUEUES_SQL = """
+SELECT q.id, q.lease_seconds, q.batch_size, d.count,
+       (SELECT count(*) FROM broker_message AS s
+        WHERE s.queue_id = q.id AND s.state = 'TBDL' AND s.suspect
+          AND s.available_at <= now())
+FROM broker_queue AS q
+JOIN broker_queuedepth AS d ON d.queue_id = q.id AND d.state = 'TBDL'
+CROSS JOIN LATERAL (
+    SELECT 1 FROM broker_message AS m
+    WHERE m.queue_id = q.id AND m.state = 'TBDL' AND m.available_at <= now()
+    ORDER BY m.priority DESC, m.id
+    LIMIT 1
+) AS due
+WHERE q.kind = 'standard' AND NOT q.paused AND q.consumer <> '' AND d.count > 0
+"""
+
+
 def queues_with_due_messages() -> list[DueQueue]:
-    """Deliverable queues holding at least one due TBDL message. The TBDL
-    counter rules out idle queues; the EXISTS probe (message_ready_idx) rules
-    out queues whose waiting messages are all delayed. Suspects are counted
-    on message_suspect_idx, which holds the few waiting suspects only."""
+    """Deliverable queues holding at least one due TBDL message
+    (``DUE_QUEUES_SQL``)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT q.id, q.lease_seconds, q.batch_size, d.count,
-                   (SELECT count(*) FROM broker_message AS s
-                    WHERE s.queue_id = q.id AND s.state = 'TBDL' AND s.suspect
-                      AND s.available_at <= now())
-            FROM broker_queue AS q
-            JOIN broker_queuedepth AS d ON d.queue_id = q.id AND d.state = 'TBDL'
-            WHERE q.kind = 'standard' AND NOT q.paused AND q.consumer <> '' AND d.count > 0
-              AND EXISTS (
-                  SELECT 1 FROM broker_message AS m
-                  WHERE m.queue_id = q.id AND m.state = 'TBDL' AND m.available_at <= now()
-              )
-            """
-        )
+        cursor.execute(DUE_QUEUES_SQL)
         return [DueQueue(*row) for row in cursor.fetchall()]
 
 

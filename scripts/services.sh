@@ -295,9 +295,18 @@ shared_buffers = 256MB
 # replication slot of a standby that is gone keeps at most this much WAL.
 wal_log_hints = on
 max_slot_wal_keep_size = 1GB
+$PG_QUEUE_SETTINGS
 # port and unix_socket_directories are passed by scripts/services.sh on start
 EOF
 }
+
+# Every claim and acknowledgement leaves dead rows in the live messages; the
+# launcher looks at each database every autovacuum_naptime (1 min by default),
+# so without this a busy queue piles up a minute of them before each vacuum.
+PG_QUEUE_SETTINGS="autovacuum_naptime = 10s"
+
+# pg_conf_lacks_queue_settings CONF: CONF was written before PG_QUEUE_SETTINGS.
+pg_conf_lacks_queue_settings() { ! grep -Eq '^[[:space:]]*autovacuum_naptime[[:space:]]*=' "$1"; }
 
 # pg_conf_is_fast CONF: CONF turns off one of fsync, synchronous_commit or
 # full_page_writes (as scripts/services.sh itself did before the cluster had
@@ -337,7 +346,7 @@ pg_check_durable() {
 }
 
 start_pg() {
-    local port pw new_pw=0 made_durable=0 ver bin_ver i psql
+    local port pw new_pw=0 made_durable=0 reload=0 ver bin_ver i psql
     ensure_pg_binaries
     ensure_pg_os_user
     resolve_pg_base 1
@@ -372,10 +381,17 @@ start_pg() {
         msg "removed fsync/synchronous_commit/full_page_writes = off from postgresql.conf: the cluster is durable now"
     fi
 
+    if pg_conf_lacks_queue_settings "$PGDATA_DIR/postgresql.conf"; then
+        printf '%s\n' "$PG_QUEUE_SETTINGS" >>"$PGDATA_DIR/postgresql.conf" ||
+            die "could not edit $PGDATA_DIR/postgresql.conf"
+        reload=1
+        msg "added $PG_QUEUE_SETTINGS to postgresql.conf"
+    fi
+
     if pg_running; then
         msg "postgres already running (pid $(pg_pid), port $port)"
-        if [ "$made_durable" -eq 1 ]; then
-            # All three are reloadable (sighup / user): no restart needed.
+        if [ "$made_durable" -eq 1 ] || [ "$reload" -eq 1 ]; then
+            # All of them are reloadable (sighup / user): no restart needed.
             as_pg "$PGBIN/pg_ctl" reload -D "$PGDATA_DIR" >/dev/null ||
                 die "pg_ctl reload failed; see var/log/postgres.log"
             msg "reloaded postgres configuration"

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from broker.models import Message, MessageState
-from broker.selectors import queue_depths
+from broker.selectors import DUE_QUEUES_SQL, queue_depths, queues_with_due_messages
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
@@ -141,3 +141,32 @@ def test_a_statement_waiting_for_a_message_the_ack_moves_out_finds_it_gone():
             assert purge.result(timeout=10).rowcount == 0
     assert len(acked) == 1
     assert partition_of() == {message_id: ("broker_message_delivered", "DLVD")}
+
+
+def test_the_dispatcher_finds_a_due_queue_through_the_index_under_a_large_backlog():
+    queue = queue_create(name="Q", consumer="noop")
+    delayed = queue_create(name="LATER", consumer="noop")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
+            " state, available_at, put_application, put_user)"
+            " SELECT %s, '\\x00', 'a', '{}', 4, 'TBDL', now() + %s::interval, '', ''"
+            " FROM generate_series(1, 100000)",
+            [queue.id, "0 s"],
+        )
+        cursor.execute(
+            "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
+            " state, available_at, put_application, put_user)"
+            " SELECT %s, '\\x00', 'a', '{}', 4, 'TBDL', now() + %s::interval, '', ''"
+            " FROM generate_series(1, 10)",
+            [delayed.id, "1 hour"],
+        )
+        cursor.execute("ANALYZE broker_message")
+        cursor.execute("EXPLAIN " + DUE_QUEUES_SQL)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    # Walked from the top of message_ready_idx per queue, never a scan of
+    # the whole live partition (which an EXISTS probe became).
+    assert "Seq Scan on broker_message_live" not in plan, plan
+    assert "Index Scan using broker_message_live_queue_id_priority_id_idx on" in plan, plan
+    assert [due.queue_id for due in queues_with_due_messages()] == [queue.id]

@@ -255,3 +255,14 @@ def test_a_new_cluster_keeps_the_durable_defaults(tmp_path):
     for name in DURABILITY_SETTINGS:
         assert f"{name} =" not in text
     assert services('pg_conf_is_fast "$1"', str(conf)).returncode == 1
+    # Vacuum looks at the churning live messages every 10 s, not every minute.
+    assert "autovacuum_naptime = 10s" in text
+    assert services('pg_conf_lacks_queue_settings "$1"', str(conf)).returncode == 1
+
+
+@pytest.mark.slow
+def test_services_sh_knows_an_older_cluster_lacks_the_queue_settings(tmp_path):
+    conf = tmp_path / "postgresql.conf"
+    conf.write_text("# a cluster made before\nwork_mem = 4MB\n")
+
+    assert services('pg_conf_lacks_queue_settings "$1"', str(conf)).returncode == 0
