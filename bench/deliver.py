@@ -482,24 +482,31 @@ def wait_all_delivered(
         time.sleep(POLL_SECONDS)
 
 
-def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
-    """Start the Celery processes, unpause the queue once they all run and
-    time them draining it. Returns (seconds from the first claim to all
-    ``count`` DLVD, seconds from unpausing to that first claim)."""
+def drain_paused_queue(
+    conn: psycopg.Connection[Any], workers: Workers, queue: Queue, count: int
+) -> tuple[float, float]:
+    """Unpause the queue (the Celery processes all run) and time them
+    draining it. Returns (seconds from the first claim to all ``count`` DLVD,
+    seconds from unpausing to that first claim)."""
     from broker.services.queues import queue_update
 
+    queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
+    released = time.perf_counter()
+    first = wait_first_claim(conn, queue.id, count)
+    done = wait_all_delivered(conn, queue.id, count, workers)
+    check_tasks(workers)
+    log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
+    return done - first, first - released
+
+
+def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
+    """Start the Celery processes and time them draining the paused queue."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
         celery_processes(bench, Path(directory)) as workers,
     ):
-        queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
-        released = time.perf_counter()
-        first = wait_first_claim(conn, queue.id, count)
-        done = wait_all_delivered(conn, queue.id, count, workers)
-        check_tasks(workers)
-    log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
-    return done - first, first - released
+        return drain_paused_queue(conn, workers, queue, count)
 
 
 def verify_delivered(queue: Queue, expected: int, path: str) -> None:

@@ -1,0 +1,65 @@
+"""PGMQ, as bench/peers.py runs it (in var/peers-venv).
+
+``prepare`` installs the SQL-only PGMQ that the ``pgmq`` package ships
+(``install_pgmq_from_sql``: no extension needed on the server), creates the
+queue and sends the messages with ``send_batch``, 1000 a call. ``work`` is a
+no-op consumer with the package's synchronous client: ``read`` of B messages
+(one transaction), then ``delete`` of their ids (a second one), until a read
+returns nothing.
+"""
+
+from __future__ import annotations
+
+from pgmq import PGMQueue, install_pgmq_from_sql  # type: ignore[import-not-found]
+
+from bench._peer_worker import QUEUE, Tally, arguments, chunks, payload, wait_for_go
+
+PRELOAD_BATCH = 1000
+# Long enough that no message reappears while the bench runs: each is read once.
+VISIBILITY_SECONDS = 3600
+
+
+def client(url: str) -> PGMQueue:
+    return PGMQueue(conn_string=url, pool_size=1, init_extension=False)
+
+
+def prepare(url: str, messages: int, size: int) -> None:
+    install_pgmq_from_sql(dsn=url)
+    queue = client(url)
+    try:
+        queue.create_queue(QUEUE)
+        body = {"payload": payload(size)}
+        for count in chunks(messages, PRELOAD_BATCH):
+            queue.send_batch(QUEUE, [body] * count)
+    finally:
+        queue.close()
+
+
+def work(url: str, batch: int) -> None:
+    queue = client(url)
+    tally = Tally()
+    wait_for_go()
+    while True:
+        tally.before_fetch()
+        messages = queue.read_batch(QUEUE, vt=VISIBILITY_SECONDS, batch_size=batch)
+        tally.fetched(len(messages))
+        if not messages:
+            break
+        deleted = queue.delete_batch(QUEUE, [message.msg_id for message in messages])
+        if len(deleted) != len(messages):
+            raise SystemExit(f"read {len(messages)} messages but deleted {len(deleted)}")
+        tally.ack(len(deleted))
+    queue.close()
+    tally.report()
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0] if __doc__ else None)
+    if args.command == "prepare":
+        prepare(args.url, args.messages, args.size)
+    else:
+        work(args.url, args.batch)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""What every consumer process bench/peers.py starts has in common.
+
+Standard library only: the peers' modules run in var/peers-venv, which has
+neither Django nor the project's packages. The protocol with the bench:
+
+- the process connects and loads what it needs, then prints ``ready`` on
+  stdout and waits for a ``go`` line on stdin, so that start-up is not timed;
+- it drains the queue, counting how many messages each fetch returned;
+- it prints one line ``report {json}`` on stdout and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+READY = "ready"
+GO = "go"
+REPORT = "report "
+# What every peer's queue or entrypoint is called.
+QUEUE = "bench"
+
+
+def peak_rss_kb(pid: int | str = "self") -> int:
+    """The process's peak resident set size (VmHWM), in kB; 0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def wait_for_go() -> None:
+    print(READY, flush=True)
+    line = sys.stdin.readline()
+    if line.strip() != GO:
+        raise SystemExit(f"expected {GO!r} on stdin, got {line!r}: the bench went away")
+
+
+@dataclass
+class Tally:
+    """How a worker drained its share: each fetch's size, and the clock from
+    its first fetch to its last acknowledgement (time.time(): every process
+    on the machine reads the same clock)."""
+
+    # Non-empty fetches by the number of messages they returned.
+    fetches: Counter[int] = field(default_factory=Counter)
+    empty_fetches: int = 0
+    acked: int = 0
+    first_fetch: float | None = None
+    last_ack: float | None = None
+
+    def before_fetch(self) -> None:
+        if self.first_fetch is None:
+            self.first_fetch = time.time()
+
+    def fetched(self, count: int) -> None:
+        if count:
+            self.fetches[count] += 1
+        else:
+            self.empty_fetches += 1
+
+    def ack(self, count: int) -> None:
+        self.acked += count
+        self.last_ack = time.time()
+
+    def report(self, **extra: Any) -> None:
+        print(
+            REPORT
+            + json.dumps(
+                {
+                    "fetches": {str(size): count for size, count in sorted(self.fetches.items())},
+                    "empty_fetches": self.empty_fetches,
+                    "acked": self.acked,
+                    "first_fetch": self.first_fetch,
+                    "last_ack": self.last_ack,
+                    "peak_rss_kb": peak_rss_kb(),
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
+
+
+def arguments(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    """``prepare --url U --messages N --size S`` or ``work --url U [--batch B]``."""
+    parser = argparse.ArgumentParser(description=description)
+    commands = parser.add_subparsers(dest="command", required=True)
+    prepare = commands.add_parser("prepare", help="install the schema and preload the queue")
+    prepare.add_argument("--url", required=True)
+    prepare.add_argument("--messages", type=int, required=True)
+    prepare.add_argument("--size", type=int, required=True)
+    work = commands.add_parser("work", help="drain the queue, then report")
+    work.add_argument("--url", required=True)
+    work.add_argument("--batch", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def payload(size: int) -> str:
+    """As bench.publish.make_payload: ASCII, so that every peer can carry it
+    in its own format (JSON or bytes), and incompressible."""
+    return base64.b64encode(os.urandom(size))[:size].decode()
+
+
+def chunks(total: int, size: int) -> list[int]:
+    full, rest = divmod(total, size)
+    return [size] * full + ([rest] if rest else [])
