@@ -947,6 +947,10 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     options = parse_args(argv)
+    # The kill and isolation queues have the demo consumer, and a queue's
+    # consumer must be registered where it is created: the bench process
+    # loads the module its workers load (tests.harness.Workers).
+    os.environ["LAZARETTO_CONSUMER_MODULES"] = "demo_consumers"
 
     def measure(bench_url: str) -> None:
         figures = run_all(options, bench_url)
