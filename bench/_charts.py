@@ -19,10 +19,11 @@ import json
 import os
 import subprocess
 import sys
-import venv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench._venv import VenvError, venv_python
 
 ROOT = Path(__file__).resolve().parent.parent
 CHARTS_VENV = ROOT / "var" / "charts-venv"
@@ -59,31 +60,11 @@ def has_matplotlib() -> bool:
 
 
 def charts_python() -> Path:
-    """var/charts-venv's interpreter, made and given the pinned matplotlib
-    the first time (or again when the requirements file changed)."""
-    python = CHARTS_VENV / "bin" / "python"
-    stamp = CHARTS_VENV / ".installed"
-    wanted = REQUIREMENTS.read_text()
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    log(f"creating {CHARTS_VENV.relative_to(ROOT)} with {REQUIREMENTS.relative_to(ROOT)}")
-    venv.EnvBuilder(with_pip=True, clear=True).create(CHARTS_VENV)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    install = subprocess.run(
-        [*pip, "-r", str(REQUIREMENTS)],
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    # As the Makefile does: pip's "WARNING: Location ... is ignored" lines
-    # (this machine's local index configuration) are dropped.
-    for line in install.stderr.splitlines():
-        if not line.startswith("WARNING: Location"):
-            log(line)
-    if install.returncode:
-        raise SystemExit(f"pip install -r {REQUIREMENTS.relative_to(ROOT)} failed")
-    stamp.write_text(wanted)
-    return python
+    """var/charts-venv's interpreter, with the pinned matplotlib (bench/_venv.py)."""
+    try:
+        return venv_python(CHARTS_VENV, REQUIREMENTS)
+    except VenvError as error:
+        raise SystemExit(str(error)) from None
 
 
 def run_in_charts_venv(argv: Sequence[str]) -> int:

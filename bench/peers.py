@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import venv
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -46,6 +45,7 @@ from psycopg import sql
 
 from bench import publish
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
+from bench._venv import VenvError, venv_python
 from bench.deliver import (
     Bench,
     batch_list,
@@ -306,31 +306,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 def peers_python() -> Path:
-    """var/peers-venv's interpreter, made and given the pinned peers the first
-    time, and again whenever bench/peers-requirements.txt changed."""
-    python = PEERS_VENV / "bin" / "python"
-    stamp = PEERS_VENV / ".installed"
-    wanted = REQUIREMENTS.read_text()
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
-        return python
-    log(f"creating {PEERS_VENV.relative_to(ROOT)} from {REQUIREMENTS.relative_to(ROOT)}")
-    venv.EnvBuilder(with_pip=True, clear=True).create(PEERS_VENV)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    install = subprocess.run(
-        [*pip, "-r", str(REQUIREMENTS)],
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    # As the Makefile does: this machine's pip index configuration warns
-    # "WARNING: Location ... is ignored" on every run.
-    for line in install.stderr.splitlines():
-        if not line.startswith("WARNING: Location"):
-            log(line)
-    if install.returncode:
-        raise BenchError(f"pip install -r {REQUIREMENTS.relative_to(ROOT)} failed")
-    stamp.write_text(wanted)
-    return python
+    """var/peers-venv's interpreter, with the pinned peers (bench/_venv.py)."""
+    try:
+        return venv_python(PEERS_VENV, REQUIREMENTS)
+    except VenvError as error:
+        raise BenchError(str(error)) from None
 
 
 # --- pgbench: the machine's yardstick -------------------------------------------------
