@@ -440,10 +440,12 @@ def replay_write_staged(*, job: ReplayJob, after: int, upto: int) -> dict[str, i
     return {queues[queue_id].name: count for queue_id, count in by_id.items()}
 
 
+@transaction.atomic
 def replay_run_finish(
     *, job_id: int, status: str, error: str = "", actor_name: str = ""
 ) -> ReplayJob:
-    """Close a run: its status, any error, and the job's audit event."""
+    """Close a run: its status, any error, and the job's audit event, in one
+    transaction, so whoever sees the run ended also finds its audit event."""
     ReplayJob.objects.filter(id=job_id).update(
         status=status, error=error[:4000], finished_at=timezone.now(), driver_pid=None
     )
