@@ -62,6 +62,13 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 DATABASES = {"default": env_database("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = 60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Django's own queries bind parameters on the client and are never prepared,
+# whatever this says; it lets the delivery path prepare its claim and ack
+# (broker.services.transitions.in_flight), which Django's default (None)
+# forbids on the whole connection. A connection pooler in transaction mode
+# between workers and PostgreSQL must support prepared statements (PgBouncer
+# 1.21 or later).
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)
 
 CELERY_BROKER_URL = env_redis_url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 DUMP_DIR = env_path("DUMP_DIR", BASE_DIR / "var" / "dumps", base=BASE_DIR)

@@ -1,0 +1,74 @@
+"""The delivery path's statements are prepared once per connection: the claim,
+the suspect probe and the ack are planned from a parse PostgreSQL keeps, not
+sent as new text every batch."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from broker.models import Message, MessageState
+from broker.services.delivery import queue_deliver
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def prepared() -> dict[str, int]:
+    """This connection's prepared statements: their text, how often run."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
+        return dict(cursor.fetchall())
+
+
+def run_count(statements: dict[str, int], *fragments: str) -> int:
+    return sum(runs for text, runs in statements.items() if all(part in text for part in fragments))
+
+
+def test_the_claim_the_suspect_probe_and_the_ack_are_prepared_and_reused(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 30)
+
+    for _ in range(3):
+        assert queue_deliver(queue_id=queue.id, worker="test:1").acked == 10
+
+    statements = prepared()
+    # Each delivery unit probes for a suspect first, then claims a batch.
+    assert run_count(statements, "WITH due AS", "m.suspect = true") == 3
+    assert run_count(statements, "WITH due AS", "m.suspect = false") == 3
+    assert run_count(statements, "DELETE FROM broker_message", "INSERT INTO broker_message") == 3
+
+
+def test_a_suspect_probe_reads_the_suspect_index_after_many_runs(db):
+    """A generic plan would serve the probe and the batch claim alike; the
+    probe must not walk the waiting backlog to find no suspect."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 500)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message")
+    for _ in range(12):
+        queue_deliver(queue_id=queue.id, worker="test:1")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%m.suspect = true%"],
+        )
+        [(name,)] = cursor.fetchall()
+        cursor.execute(
+            f"EXPLAIN EXECUTE {name}(%s, %s, %s, %s)",  # a name PostgreSQL gave
+            [queue.id, 1, "test:1:1", 30],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index"
+            " WHERE indrelid = 'broker_message_live'::regclass"
+            " AND pg_get_indexdef(indexrelid) LIKE '%%suspect)'"
+        )
+        suspect_indexes = [name for (name,) in cursor.fetchall()]
+
+    assert suspect_indexes
+    assert any(index in plan for index in suspect_indexes), plan
+    waiting = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED)
+    assert waiting.count() == 500 - 12 * 10
