@@ -99,3 +99,21 @@ def test_the_cache_defaults_to_the_brokers_redis_one_database_up(broker, cache):
     from console.env import next_redis_database
 
     assert next_redis_database(broker) == cache
+
+
+def test_a_node_connects_with_the_libpq_options_of_the_database_setting_only(settings):
+    from psycopg.conninfo import conninfo_to_dict
+
+    from broker.ha.postgres import conninfo_of
+
+    database = {
+        **settings.DATABASES["default"],
+        "OPTIONS": {"prepare_threshold": 5, "pool": {"min_size": 2}, "sslmode": "disable"},
+    }
+
+    params = conninfo_to_dict(conninfo_of(database, application_name="node"))
+
+    assert params["sslmode"] == "disable"
+    assert params["application_name"] == "node"
+    assert "prepare_threshold" not in params
+    assert "pool" not in params

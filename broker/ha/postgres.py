@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.abc import Query
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -55,6 +55,11 @@ def slot_name(node_name: str) -> str:
     return "lazaretto_" + re.sub(r"[^a-z0-9_]", "_", node_name.lower())
 
 
+# What libpq takes in a connection string. Django's OPTIONS also hold its own
+# and psycopg's connection arguments (pool, prepare_threshold, ...).
+LIBPQ_KEYWORDS = frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+
+
 def conninfo_of(database: dict[str, Any], **extra: Any) -> str:
     """A libpq connection string for one of Django's DATABASES entries."""
     params: dict[str, Any] = {
@@ -64,7 +69,8 @@ def conninfo_of(database: dict[str, Any], **extra: Any) -> str:
         "host": database.get("HOST") or None,
         "port": database.get("PORT") or None,
     }
-    params.update({k: v for k, v in (database.get("OPTIONS") or {}).items() if k != "pool"})
+    options = database.get("OPTIONS") or {}
+    params.update({k: v for k, v in options.items() if k in LIBPQ_KEYWORDS})
     params.update(extra)
     return make_conninfo(**{k: v for k, v in params.items() if v is not None})
 
