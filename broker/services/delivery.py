@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
-from structlog.contextvars import bound_contextvars
+from structlog.contextvars import bind_contextvars, bound_contextvars, reset_contextvars
 
 from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
 from broker.metrics import delivery_latency_observe
@@ -126,7 +126,9 @@ class Courier:
         if not batch:
             return Outcome()
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
-        results = [_deliver(self.handler, queue, message, isolated) for message in batch]
+        # Whatever the consumer logs names its queue and message too.
+        with bound_contextvars(queue=queue.name):
+            results = [_deliver(self.handler, queue, message, isolated) for message in batch]
         latencies = _settle(queue, self.owner, batch, results, outcome)
         delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
@@ -178,12 +180,15 @@ def _deliver(handler: Handler, queue: Queue, message: Claimed, isolated: bool) -
         attempt=message.attempts,
         isolated=isolated,
     )
-    # Whatever the consumer logs names the message and its queue too.
-    with bound_contextvars(message_id=message.id, queue=queue.name):
-        try:
-            handler(delivery)
-        except Exception as error:  # any failure of the consumer is a handler error
-            return error
+    # Bound and reset by hand: a context manager per message cost a tenth of
+    # a worker's time at batch 100.
+    tokens = bind_contextvars(message_id=message.id)
+    try:
+        handler(delivery)
+    except Exception as error:  # any failure of the consumer is a handler error
+        return error
+    finally:
+        reset_contextvars(**tokens)
     return None
 
 

@@ -267,11 +267,16 @@ def messages_claim(
         rows = cursor.fetchall()
     # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
     claimed = [
-        Claimed(id, priority, payload, content_type, json.loads(headers), attempts)
+        Claimed(id, priority, payload, content_type, _headers(headers), attempts)
         for id, priority, payload, content_type, headers, attempts in rows
     ]
     claimed.sort(key=lambda message: (-message.priority, message.id))
     return claimed
+
+
+def _headers(text: str) -> dict[str, str]:
+    # Most messages carry none: no parse for those.
+    return {} if text == "{}" else json.loads(text)
 
 
 def messages_ack(*, message_ids: Sequence[int], owner: str) -> int:
