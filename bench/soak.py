@@ -4,13 +4,19 @@ transaction that keeps VACUUM from cleaning, then the recovery after it.
 Run from the project root with the services env sourced::
 
     .venv/bin/python -m bench.soak [--minutes M] [--rate R] [--idle-minutes I]
-        [--recovery-minutes C] [--drain-messages N] [--size BYTES]
+        [--recovery-minutes C] [--drain-messages N] [--no-drain-while-publishing]
+        [--size BYTES]
 
 The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
 and its own redis-server, and removes both at the end. Unless --rate is
-given it first measures the drain rate: N pre-published messages drained by
-real Celery workers (2 delivery processes, batch size 100, consumer ``noop``).
-Then a publisher thread publishes at 70 % of that rate through
+given it first measures the drain rate, twice, with real Celery workers (2
+delivery processes, batch size 100, consumer ``noop``): idle, N pre-published
+messages drained with nothing else running; then while publishing, the
+messages acknowledged per second while a publisher offers the idle rate, on
+the same two cores. The soak's base is the second (the first with
+--no-drain-while-publishing): publishing takes its share of the machine, so
+70 % of the idle rate would be more than the machine can deliver while it
+also publishes. Then a publisher thread publishes at 70 % of that rate through
 ``messages_publish`` for M minutes (steady), I more minutes with an idle
 transaction held open on another connection (idle_txn), and C more minutes
 after it ends (recovery). Every 10 s window records published and acked
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import math
 import os
@@ -78,6 +85,10 @@ LOAD_FRACTION = 0.7
 CONCURRENCY = 2
 BATCH_SIZE = 100
 DRAIN_MESSAGES = 20_000
+# The drain while publishing: acks counted over this long, after a warm-up
+# (workers started, the backlog's growth settled) that is not counted.
+LOADED_WARMUP_SECONDS = 10.0
+LOADED_SECONDS = 30.0
 # The recovery check: p99 of the window starting this long after the idle
 # transaction ends, against the steady phase's p99.
 RECOVERY_CHECK_SECONDS = 60.0
@@ -97,6 +108,7 @@ TARGETS = {
 }
 QUEUE_NAME = "BENCH.SOAK"
 DRAIN_QUEUE_NAME = "BENCH.SOAK.DRAIN"
+LOADED_QUEUE_NAME = "BENCH.SOAK.LOADED"
 PUT_USER = "bench"
 PUT_APPLICATION = "bench"
 BENCH_DIR = ROOT / "var" / "bench"
@@ -153,6 +165,7 @@ class Options:
     recovery_minutes: float
     drain_messages: int
     size: int
+    drain_while_publishing: bool = True
 
 
 def positive_float(text: str) -> float:
@@ -193,6 +206,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         default=DRAIN_MESSAGES,
         help=f"messages drained to measure the drain rate (default {DRAIN_MESSAGES})",
     )
+    parser.add_argument(
+        "--drain-while-publishing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="base the rate on the drain measured while publishing (default: on)",
+    )
     parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
     args = parser.parse_args(argv)
     least_steady = 2 * WINDOW_SECONDS
@@ -215,6 +234,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         recovery_minutes=args.recovery_minutes,
         drain_messages=args.drain_messages,
         size=args.size,
+        drain_while_publishing=args.drain_while_publishing,
     )
 
 
@@ -789,10 +809,18 @@ class Drain:
     messages: int
     seconds: float
     first_claim_s: float
+    # Acked/s while a publisher offered ``rate`` (measure_loaded_drain).
+    loaded_rate: float | None = None
 
     @property
     def rate(self) -> float:
+        """The idle drain rate: pre-published messages, nothing else running."""
         return self.messages / self.seconds
+
+    @property
+    def base(self) -> float:
+        """The rate the soak publishes a fraction of."""
+        return self.rate if self.loaded_rate is None else self.loaded_rate
 
 
 @dataclass
@@ -845,6 +873,49 @@ def measure_drain(bench: deliver.Bench, count: int) -> Drain:
     with psycopg.connect(bench.bench_url, autocommit=True) as conn:
         conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
     return drain
+
+
+def measure_loaded_drain(bench: deliver.Bench, offered: float) -> float:
+    """Messages acknowledged per second while a publisher offers ``offered``
+    msgs/s to a fresh noop queue (batch size 100) and 2 delivery processes
+    deliver them, counted over LOADED_SECONDS after LOADED_WARMUP_SECONDS.
+    The backlog is drained and the messages deleted afterwards."""
+    queue = deliver.make_queue(
+        LOADED_QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=bench.options.size
+    )
+    publisher = Publisher(
+        queue_name=queue.name,
+        rate=offered,
+        message=deliver.new_message(bench.payload),
+        sample_every=sys.maxsize,
+    )
+    log(f"drain while publishing: offering {offered:.0f} msgs/s to {queue.name}")
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
+        psycopg.connect(bench.bench_url, autocommit=True) as conn,
+        deliver.celery_processes(bench, Path(directory)),
+    ):
+
+        def check() -> None:
+            if publisher.error is not None:
+                raise BenchError(f"publisher failed: {publisher.error!r}")
+
+        publisher.start()
+        try:
+            time.sleep(LOADED_WARMUP_SECONDS)
+            check()
+            began, before = time.monotonic(), read_depths(conn, queue.id).get("DLVD", 0)
+            time.sleep(LOADED_SECONDS)
+            ended, after = time.monotonic(), read_depths(conn, queue.id).get("DLVD", 0)
+        finally:
+            publisher.stopping.set()
+            publisher.join()
+        check()
+        wait_drained(conn, queue.id, publisher.count(), check)
+        conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
+    rate = (after - before) / (ended - began)
+    log(f"drain while publishing: {rate:.0f} msgs/s acknowledged")
+    return rate
 
 
 def vacuum_and_checkpoint(bench_url: str) -> None:
@@ -936,7 +1007,7 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
     if options.rate is not None:
         rate = options.rate
     elif drain is not None:
-        rate = drain.rate * LOAD_FRACTION
+        rate = drain.base * LOAD_FRACTION
     else:
         raise BenchError("no rate: neither --rate nor a drain measurement")
     queue = make_soak_queue(options.size)
@@ -1088,6 +1159,10 @@ def run_all(options: Options, bench_url: str) -> Run:
             payload,
         )
         drain = None if options.rate is not None else measure_drain(bench, options.drain_messages)
+        if drain is not None and options.drain_while_publishing:
+            deliver.flush_redis(redis_server)
+            loaded = measure_loaded_drain(bench, drain.rate)
+            drain = dataclasses.replace(drain, loaded_rate=loaded)
         deliver.flush_redis(redis_server)
         return run_soak(options, bench, drain)
 
@@ -1126,6 +1201,11 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
         "batch_size": BATCH_SIZE,
         "drain_messages": None if run.drain is None else run.drain.messages,
         "drain_msgs_per_s": None if run.drain is None else round(run.drain.rate, 1),
+        "drain_while_publishing_msgs_per_s": (
+            None
+            if run.drain is None or run.drain.loaded_rate is None
+            else round(run.drain.loaded_rate, 1)
+        ),
         "load_fraction": None if run.drain is None else LOAD_FRACTION,
         "rate_msgs_per_s": round(run.rate, 1),
         "rate_given": run.drain is None,
@@ -1231,8 +1311,14 @@ def print_report(run: Run) -> None:
     else:
         print(
             f"drain: {run.drain.messages} messages in {run.drain.seconds:.2f} s = "
-            f"{run.drain.rate:.0f} msgs/s; publishing at {LOAD_FRACTION:.0%}: {run.rate:.0f} msgs/s"
+            f"{run.drain.rate:.0f} msgs/s idle"
         )
+        if run.drain.loaded_rate is not None:
+            print(
+                f"drain while publishing {run.drain.rate:.0f} msgs/s: "
+                f"{run.drain.loaded_rate:.0f} msgs/s acknowledged"
+            )
+        print(f"publishing at {LOAD_FRACTION:.0%} of {run.drain.base:.0f}: {run.rate:.0f} msgs/s")
     bounds = phase_bounds(windows)
     print(
         "phases: "

@@ -102,7 +102,17 @@ def test_defaults_are_the_issue_s() -> None:
         recovery_minutes=2.0,
         drain_messages=20_000,
         size=1024,
+        drain_while_publishing=True,
     )
+
+
+def test_the_soak_publishes_a_share_of_the_drain_measured_while_publishing() -> None:
+    idle = soak.Drain(messages=20_000, seconds=2.0, first_claim_s=1.0)
+    loaded = soak.Drain(messages=20_000, seconds=2.0, first_claim_s=1.0, loaded_rate=6_000.0)
+
+    assert (idle.rate, idle.base) == (10_000.0, 10_000.0)
+    assert (loaded.rate, loaded.base) == (10_000.0, 6_000.0)
+    assert not soak.parse_args(["--no-drain-while-publishing"]).drain_while_publishing
 
 
 # --- windows and percentiles -----------------------------------------------------------
