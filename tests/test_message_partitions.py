@@ -170,3 +170,20 @@ def test_the_dispatcher_finds_a_due_queue_through_the_index_under_a_large_backlo
     assert "Seq Scan on broker_message_live" not in plan, plan
     assert "Index Scan using broker_message_live_queue_id_priority_id_idx on" in plan, plan
     assert [due.queue_id for due in queues_with_due_messages()] == [queue.id]
+
+
+def test_a_vacuum_keeps_the_live_partitions_emptied_pages(db):
+    """Truncating them takes an exclusive lock that every claim, ack and
+    publish would queue behind."""
+    queue = queue_create(name="Q", consumer="noop")
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 1000)] * 400)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size('broker_message_live')")
+        [(filled,)] = cursor.fetchall()
+        cursor.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
+        cursor.execute("VACUUM broker_message_live")
+        cursor.execute("SELECT pg_relation_size('broker_message_live')")
+        [(after,)] = cursor.fetchall()
+
+    assert filled >= 400 * 1000
+    assert after == filled
