@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from broker.errors import IllegalTransition
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue, QueueMinute
-from broker.services.delivery import _claim, queue_deliver
+from broker.services.delivery import _claim, queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep, overdue_seconds
@@ -98,6 +98,73 @@ def test_a_handler_error_retries_with_exponential_backoff(db):
     queue_deliver(queue_id=queue.id)
     message.refresh_from_db()
     assert message.available_at > timezone.now() + timedelta(seconds=18)  # 10 * 2
+
+
+def test_a_courier_that_goes_on_claims_its_next_batch_with_the_ack(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 25)
+    in_flight = Message.objects.filter(state=S.DELIVERING)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        first = courier.deliver(claim_next=True)
+        assert first.acked == 10
+        assert sorted(in_flight.values_list("id", flat=True)) == [
+            message.id for message in courier.claimed_next
+        ]
+        assert set(in_flight.values_list("lease_owner", flat=True)) == {courier.owner}
+        second = courier.deliver(claim_next=False)
+        third = courier.deliver(claim_next=False)
+
+    assert (second.claimed, second.acked, third.acked) == (10, 10, 5)
+    assert Message.objects.filter(state=S.DELIVERED).count() == 25
+    assert not in_flight.exists()
+
+
+def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_together(db):
+    queue = queue_create(name="Q", consumer="demo", batch_size=3, retry_backoff_seconds=10)
+    failing, *fine = publish(queue, 1, payload=b"FAIL") + publish(queue, 4)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        first = courier.deliver(claim_next=True)
+        claimed_next = [message.id for message in courier.claimed_next]
+        second = courier.deliver(claim_next=False)
+
+    assert (first.acked, first.retried, second.acked) == (2, 1, 2)
+    assert claimed_next == fine[2:]
+    assert Message.objects.get(id=failing).state == S.TO_BE_DELIVERED
+    assert Message.objects.filter(state=S.DELIVERED).count() == 4
+
+
+def test_a_delivery_task_drains_its_queue_claiming_each_batch_with_the_last_ack(db, settings):
+    from workers import tasks
+
+    settings.LAZARETTO_DELIVERY_TASK_SECONDS = 60
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 35)
+
+    tasks.deliver(queue.id)
+
+    assert Message.objects.filter(state=S.DELIVERED).count() == 35
+    assert not Message.objects.filter(state=S.DELIVERING).exists()
+
+
+def test_a_delivery_task_whose_budget_ends_leaves_nothing_claimed(db, settings, monkeypatch):
+    from workers import tasks
+
+    settings.LAZARETTO_DELIVERY_TASK_SECONDS = 0
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 25)
+    woken: list[int] = []
+    monkeypatch.setattr(tasks, "wake", lambda *, queue_id, **_: woken.append(queue_id))
+
+    tasks.deliver(queue.id)
+
+    assert Message.objects.filter(state=S.DELIVERED).count() == 10
+    assert Message.objects.filter(state=S.TO_BE_DELIVERED).count() == 15
+    assert not Message.objects.filter(state=S.DELIVERING).exists()
+    assert woken == [queue.id]
 
 
 def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):

@@ -35,8 +35,8 @@ def test_the_claim_the_suspect_probe_and_the_ack_are_prepared_and_reused(db):
 
     statements = prepared()
     # Each delivery unit probes for a suspect first, then claims a batch.
-    assert run_count(statements, "WITH due AS", "m.suspect = true") == 3
-    assert run_count(statements, "WITH due AS", "m.suspect = false") == 3
+    assert run_count(statements, "SELECT * FROM claimed", "m.suspect = true") == 3
+    assert run_count(statements, "SELECT * FROM claimed", "m.suspect = false") == 3
     assert run_count(statements, "DELETE FROM broker_message", "INSERT INTO broker_message") == 3
 
 

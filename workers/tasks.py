@@ -100,14 +100,18 @@ def deliver(queue_id: int) -> None:
     with queue_courier(queue_id=queue_id) as courier:
         if courier is None:
             return
-        outcome = courier.deliver(suspects=True)
+        # Within its budget, each unit's settlement also claims the next
+        # batch; a batch claimed so is always delivered.
+        outcome = courier.deliver(suspects=True, claim_next=time.monotonic() < budget_ends)
         while outcome.claimed:
-            if time.monotonic() >= budget_ends:
+            if time.monotonic() >= budget_ends and not courier.claimed_next:
                 wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
                 return
             # Suspects are probed for only while they keep turning up: with no
             # crash, one probe per task is all they cost.
-            outcome = courier.deliver(suspects=outcome.isolated)
+            outcome = courier.deliver(
+                suspects=outcome.isolated, claim_next=time.monotonic() < budget_ends
+            )
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)

@@ -12,9 +12,11 @@ keyed by a random token that is part of the lease owner it writes into the
 claimed rows. PostgreSQL releases that lock when the worker's session ends,
 however the process died, so the sweeper can tell a dead delivery from a slow
 one without any transaction staying open during delivery. The claim and the
-settlement are two short transactions: two commits per batch, each a single
-statement (no BEGIN or COMMIT round trip) when the consumer acknowledged the
-whole batch; the settlement also adds the batch to the per-minute counts.
+settlement are short transactions, each a single statement (no BEGIN or
+COMMIT round trip) when the consumer acknowledged the whole batch; the
+settlement also adds the batch to the per-minute counts and, when the
+courier goes on delivering (``claim_next``), claims the next batch: one
+commit per batch.
 
 Why suspects may go in parallel. A courier's units follow one another, so a
 lease has at most one unit in flight, and a process that dies takes down only
@@ -36,7 +38,7 @@ import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -51,6 +53,7 @@ from broker.services.transitions.in_flight import (
     DeadLetterCause,
     Retry,
     messages_ack_counted,
+    messages_ack_counted_and_claim,
     messages_claim,
     messages_dead_letter,
     messages_retry,
@@ -105,22 +108,30 @@ def _lease(worker: str) -> Iterator[str]:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [token])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Courier:
     """Delivers one queue's messages under one lease."""
 
     queue: Queue
     owner: str
     handler: Handler
+    # The batch the last settlement claimed (``claim_next``): the next unit.
+    claimed_next: list[Claimed] = field(default_factory=list)
 
-    def deliver(self, *, suspects: bool = True) -> Outcome:
+    def deliver(self, *, suspects: bool = True, claim_next: bool = False) -> Outcome:
         """Deliver one unit of work: TBDL -> DLNG -> DLVD, or back to TBDL for
-        a retry, or on to the dead-letter queue. The unit is a due crash
-        suspect alone (when ``suspects`` and the queue may deliver one now),
-        else a batch of up to ``batch_size`` messages."""
+        a retry, or on to the dead-letter queue. The unit is the batch the
+        last unit claimed, if any; else a due crash suspect alone (when
+        ``suspects`` and the queue may deliver one now); else a batch of up
+        to ``batch_size`` messages. With ``claim_next``, the settlement of a
+        batch also claims the next one, which the caller must then deliver
+        (``claimed_next``)."""
         queue = self.queue
-        batch = _claim(queue, self.owner, suspect=True, limit=1) if suspects else []
-        isolated = bool(batch)
+        batch, self.claimed_next = self.claimed_next, []
+        isolated = False
+        if not batch and suspects:
+            batch = _claim(queue, self.owner, suspect=True, limit=1)
+            isolated = bool(batch)
         if not batch:
             batch = _claim(queue, self.owner, suspect=False, limit=queue.batch_size)
         if not batch:
@@ -129,7 +140,10 @@ class Courier:
         # Whatever the consumer logs names its queue and message too.
         with bound_contextvars(queue=queue.name):
             results = [_deliver(self.handler, queue, message, isolated) for message in batch]
-        latencies = _settle(queue, self.owner, batch, results, outcome)
+        # A suspect is settled alone: the next unit probes for suspects first.
+        latencies, self.claimed_next = _settle(
+            queue, self.owner, batch, results, outcome, claim_next=claim_next and not isolated
+        )
         delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
 
@@ -206,11 +220,14 @@ def _settle(
     batch: list[Claimed],
     results: list[Exception | None],
     outcome: Outcome,
-) -> list[float]:
+    *,
+    claim_next: bool,
+) -> tuple[list[float], list[Claimed]]:
     """Record every answer of the batch, and count them on the queue's
     per-minute and total rows, in one transaction: a batch acknowledged
-    whole is one statement (one commit). Returns the publish-to-ack seconds
-    of each message acknowledged."""
+    whole is one statement (one commit), which with ``claim_next`` also
+    claims the queue's next batch. Returns the publish-to-ack seconds of
+    each message acknowledged, and the batch claimed."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
     retries: list[Retry] = []
     dead: dict[int, DeadLetterCause] = {}
@@ -231,9 +248,20 @@ def _settle(
     with transaction.atomic() if answers else nullcontext():
         # First: it counts the batch, and the counter rows are taken before
         # the depth counters (minute_count_ctes).
-        latencies = messages_ack_counted(
-            queue_id=queue.id, message_ids=acked, owner=owner, handler_errors=len(answers)
-        )
+        claimed: list[Claimed] = []
+        if claim_next:
+            latencies, claimed = messages_ack_counted_and_claim(
+                queue_id=queue.id,
+                message_ids=acked,
+                owner=owner,
+                handler_errors=len(answers),
+                lease_seconds=queue.lease_seconds,
+                limit=queue.batch_size,
+            )
+        else:
+            latencies = messages_ack_counted(
+                queue_id=queue.id, message_ids=acked, owner=owner, handler_errors=len(answers)
+            )
         outcome.acked = len(latencies)
         outcome.retried = messages_retry(retries=retries, owner=owner)
         outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
@@ -265,7 +293,7 @@ def _settle(
             lost,
             extra={"queue": queue.name},
         )
-    return latencies
+    return latencies, claimed
 
 
 def _fields(queue: Queue, message_id: int) -> dict[str, object]:

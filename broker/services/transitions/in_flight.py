@@ -37,8 +37,9 @@ from broker.services.transitions.table import Transition, guard
 T = Transition
 
 
-def _claim_sql(*, suspect: bool) -> str:
-    """The claim of due messages, crash suspects only or none (``suspect``).
+def _claim_ctes(*, suspect: bool) -> str:
+    """The claim of due messages (the ``claimed`` CTE), crash suspects only
+    or none (``suspect``).
 
     The due rows are locked with SKIP LOCKED so concurrent workers of one
     queue never wait for each other or claim the same message; they become
@@ -47,25 +48,25 @@ def _claim_sql(*, suspect: bool) -> str:
     literal, not a parameter: the statement is prepared, and a generic plan
     would pick one index for both."""
     return f"""
-WITH due AS (
+due AS (
     SELECT m.id FROM broker_message AS m
     WHERE m.queue_id = %(queue_id)s AND {guard(T.CLAIM)} AND m.available_at <= now()
       AND m.suspect = {str(suspect).lower()} AND (m.expires_at IS NULL OR m.expires_at > now())
     ORDER BY m.priority DESC, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
-UPDATE broker_message AS m
-SET state = 'DLNG', lease_owner = %(owner)s,
-    lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
-    attempts = m.attempts + 1, updated_at = now()
-FROM due WHERE m.id = due.id AND {guard(T.CLAIM)}
-RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
-"""  # noqa: S608
+), claimed AS (
+    UPDATE broker_message AS m
+    SET state = 'DLNG', lease_owner = %(owner)s,
+        lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
+        attempts = m.attempts + 1, updated_at = now()
+    FROM due WHERE m.id = due.id AND {guard(T.CLAIM)}
+    RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
+)"""  # noqa: S608
 
 
-CLAIM_SQL = _claim_sql(suspect=False)
-CLAIM_SUSPECT_SQL = _claim_sql(suspect=True)
+CLAIM_SQL = f"WITH {_claim_ctes(suspect=False)} SELECT * FROM claimed"  # noqa: S608
+CLAIM_SUSPECT_SQL = f"WITH {_claim_ctes(suspect=True)} SELECT * FROM claimed"  # noqa: S608
 
 # The acknowledgement deletes the messages from the live partition and
 # inserts them, DLVD, into the delivered one (migration 0011), rather than
@@ -114,6 +115,21 @@ WITH {_ACK_CTES}, {
     )
 }
 SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
+"""  # noqa: S608
+
+# The counted ack of one batch and the claim of the queue's next one (no
+# suspects) under the same lease, in one statement: a worker that goes on
+# delivering makes one commit per batch. The two touch different rows (DLNG
+# leased to the caller, and TBDL). One row when nothing was claimed, else one
+# per message claimed, each carrying the ack's latencies.
+_ACK_COUNTED_CLAIM_SQL = f"""
+WITH {_ACK_CTES}, {
+    minute_count_ctes(
+        delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
+    )
+}, {_claim_ctes(suspect=False)}
+SELECT (SELECT array_agg(extract(epoch FROM now() - created_at)::float8) FROM acked), c.*
+FROM (SELECT) AS one LEFT JOIN claimed AS c ON true
 """  # noqa: S608
 
 _RETRY_SQL = f"""
@@ -264,7 +280,12 @@ def messages_claim(
             },
             prepare=True,
         )
-        rows = cursor.fetchall()
+        return _claimed(cursor.fetchall())
+
+
+def _claimed(rows: Sequence[Sequence[Any]]) -> list[Claimed]:
+    """The claim's rows as the consumer gets them, highest priority first,
+    then oldest."""
     # Django has psycopg hand jsonb over as text (it decodes JSON fields itself).
     claimed = [
         Claimed(id, priority, payload, content_type, _headers(headers), attempts)
@@ -314,6 +335,38 @@ def messages_ack_counted(
             prepare=True,
         )
         return [seconds for (seconds,) in cursor.fetchall()]
+
+
+def messages_ack_counted_and_claim(
+    *,
+    queue_id: int,
+    message_ids: Sequence[int],
+    owner: str,
+    handler_errors: int,
+    lease_seconds: float,
+    limit: int,
+) -> tuple[list[float], list[Claimed]]:
+    """``messages_ack_counted`` and, in the same statement, ``messages_claim``
+    of up to ``limit`` due messages of the queue (no suspects) under the same
+    lease. Returns the ack's latencies and the messages claimed. Outside a
+    transaction it commits at once; in one, the same rule as
+    ``messages_ack_counted``."""
+    with _prepared_cursor() as cursor:
+        cursor.execute(
+            _ACK_COUNTED_CLAIM_SQL,
+            {
+                "ids": list(message_ids),
+                "owner": owner,
+                "queue_id": queue_id,
+                "handler_errors": handler_errors,
+                "lease_seconds": lease_seconds,
+                "limit": limit,
+            },
+            prepare=True,
+        )
+        rows = cursor.fetchall()
+    latencies = rows[0][0] or []
+    return latencies, _claimed([row[1:] for row in rows if row[1] is not None])
 
 
 def messages_retry(*, retries: Sequence[Retry], owner: str) -> int:
