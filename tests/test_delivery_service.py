@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from broker.errors import IllegalTransition
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue, QueueMinute
-from broker.services.delivery import _claim, queue_courier, queue_deliver
+from broker.services.delivery import HEAD_CLAIM_SECONDS, _claim, queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep, overdue_seconds
@@ -135,6 +135,50 @@ def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_togeth
     assert claimed_next == fine[2:]
     assert Message.objects.get(id=failing).state == S.TO_BE_DELIVERED
     assert Message.objects.filter(state=S.DELIVERED).count() == 4
+
+
+def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 30)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        courier.deliver()
+        [urgent] = messages_publish(
+            queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)]
+        )
+        # Read on from the last batch: the message of higher priority,
+        # published behind that point, waits...
+        assert courier.deliver(claim_next=True).acked == 10
+        assert Message.objects.get(id=urgent).state == S.TO_BE_DELIVERED
+        # ...until the next claim from the queue's head, a second after the last.
+        courier.head_claimed_at -= HEAD_CLAIM_SECONDS
+        assert courier.deliver(claim_next=True).acked == 10
+        assert [message.id for message in courier.claimed_next] == [urgent]
+        courier.deliver()
+
+    assert Message.objects.get(id=urgent).state == S.DELIVERED
+    assert Message.objects.filter(state=S.DELIVERED).count() == 31
+
+
+def test_a_resumed_claim_takes_the_rest_from_the_head_when_its_range_runs_short(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    ids = publish(queue, 6)
+
+    claimed = _claim(queue, "host:1:12345", suspect=False, limit=10, after=(4, ids[3]))
+
+    # All six, each once, highest priority first, then oldest.
+    assert [message.id for message in claimed] == ids
+    assert Message.objects.filter(state=S.DELIVERING).count() == 6
+
+
+def test_a_resumed_claim_takes_no_more_than_its_limit(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    ids = publish(queue, 6)
+
+    claimed = _claim(queue, "host:1:12345", suspect=False, limit=3, after=(4, ids[4]))
+
+    assert [message.id for message in claimed] == [ids[0], ids[1], ids[5]]
 
 
 def test_a_delivery_task_drains_its_queue_claiming_each_batch_with_the_last_ack(db, settings):

@@ -5,19 +5,20 @@ is delivered."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 from django.db import connection
 
-from broker.models import Message, MessageState
+from broker.models import Message, MessageState, Queue
 from broker.selectors import DUE_QUEUES_SQL, queue_depths, queues_with_due_messages
-from broker.services.delivery import queue_deliver
+from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import message_fail
-from broker.services.transitions.in_flight import ACK_SQL, CLAIM_SQL
+from broker.services.transitions.in_flight import ACK_SQL, CLAIM_RESUMED_SQL, CLAIM_SQL
 from tests.harness import database_url_for_workers, wait_until
 from tests.test_delivery_service import lease
 
@@ -187,3 +188,54 @@ def test_a_vacuum_keeps_the_live_partitions_emptied_pages(db):
 
     assert filled >= 400 * 1000
     assert after == filled
+
+
+def scan_blocks(sql: str, queue: Queue, after: tuple[int, int]) -> int:
+    """The buffers (shared, hit or read) one claim of 100, rolled back, reads
+    in its scans of the ready index and the rows they point to."""
+    params = {
+        "queue_id": queue.id,
+        "limit": 100,
+        "owner": "w",
+        "lease_seconds": 30,
+        "after_priority": after[0],
+        "after_id": after[1],
+    }
+    with psycopg.connect(database_url_for_workers()) as conn:
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchall()
+        conn.rollback()
+
+    def scans(node: dict) -> Iterator[dict]:
+        if node["Node Type"] == "Index Scan" and not node["Index Name"].endswith("_pkey"):
+            yield node
+        for child in node.get("Plans", []):
+            yield from scans(child)
+
+    return sum(
+        scan["Shared Hit Blocks"] + scan["Shared Read Blocks"] for scan in scans(plan[0]["Plan"])
+    )
+
+
+def test_under_an_old_transaction_a_resumed_claim_reads_past_none_of_the_delivered():
+    # While a transaction older than the deliveries stays open, VACUUM can
+    # remove none of the ready index's entries for the delivered messages,
+    # nor can a scan mark them dead: a claim from the queue's head reads them
+    # all, and their rows. One resumed after the last batch does not.
+    queue = queue_create(name="Q", consumer="noop", batch_size=100)
+    for _ in range(3):
+        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 1024)] * 1000)
+    with psycopg.connect(database_url_for_workers()) as old:
+        old.execute("SELECT txid_current()")
+        with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+            assert courier is not None
+            for _ in range(25):
+                courier.deliver(claim_next=False)
+            after = courier.resume_after
+        assert after is not None
+
+        from_head = scan_blocks(CLAIM_SQL, queue, after)
+        resumed = scan_blocks(CLAIM_RESUMED_SQL, queue, after)
+
+    assert Message.objects.filter(state=S.DELIVERED).count() == 2500
+    assert from_head > 300, from_head
+    assert resumed * 5 < from_head, (resumed, from_head)

@@ -36,6 +36,7 @@ import math
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ from broker.services.transitions.in_flight import (
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
+# A courier's claims read on from where its last batch ended, and from the
+# queue's head at least this often (``in_flight._RESUMED_DUE``).
+HEAD_CLAIM_SECONDS = 1.0
 
 
 @dataclass
@@ -117,6 +121,11 @@ class Courier:
     handler: Handler
     # The batch the last settlement claimed (``claim_next``): the next unit.
     claimed_next: list[Claimed] = field(default_factory=list)
+    # Where the last batch claimed ended, (priority, id): the next claim
+    # reads on from there (``in_flight._RESUMED_DUE``), and from the queue's
+    # head at least every ``HEAD_CLAIM_SECONDS`` (``head_claimed_at``).
+    resume_after: tuple[int, int] | None = None
+    head_claimed_at: float = -math.inf
 
     def deliver(self, *, suspects: bool = True, claim_next: bool = False) -> Outcome:
         """Deliver one unit of work: TBDL -> DLNG -> DLVD, or back to TBDL for
@@ -133,7 +142,10 @@ class Courier:
             batch = _claim(queue, self.owner, suspect=True, limit=1)
             isolated = bool(batch)
         if not batch:
-            batch = _claim(queue, self.owner, suspect=False, limit=queue.batch_size)
+            batch = _claim(
+                queue, self.owner, suspect=False, limit=queue.batch_size, after=self._after()
+            )
+            self._resume(batch)
         if not batch:
             return Outcome()
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
@@ -142,10 +154,30 @@ class Courier:
             results = [_deliver(self.handler, queue, message, isolated) for message in batch]
         # A suspect is settled alone: the next unit probes for suspects first.
         latencies, self.claimed_next = _settle(
-            queue, self.owner, batch, results, outcome, claim_next=claim_next and not isolated
+            queue,
+            self.owner,
+            batch,
+            results,
+            outcome,
+            claim_next=claim_next and not isolated,
+            after=self._after(),
         )
+        if claim_next and not isolated:
+            self._resume(self.claimed_next)
         delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
+
+    def _after(self) -> tuple[int, int] | None:
+        """Where the next claim of a batch resumes; None: from the queue's
+        head."""
+        now = time.monotonic()
+        if self.resume_after is None or now - self.head_claimed_at >= HEAD_CLAIM_SECONDS:
+            self.head_claimed_at = now
+            return None
+        return self.resume_after
+
+    def _resume(self, batch: list[Claimed]) -> None:
+        self.resume_after = (batch[-1].priority, batch[-1].id) if batch else None
 
 
 @contextmanager
@@ -173,13 +205,21 @@ def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
         return courier.deliver() if courier else Outcome()
 
 
-def _claim(queue: Queue, owner: str, *, suspect: bool, limit: int) -> list[Claimed]:
+def _claim(
+    queue: Queue,
+    owner: str,
+    *,
+    suspect: bool,
+    limit: int,
+    after: tuple[int, int] | None = None,
+) -> list[Claimed]:
     return messages_claim(
         queue_id=queue.id,
         owner=owner,
         lease_seconds=queue.lease_seconds,
         limit=limit,
         suspect=suspect,
+        after=after,
     )
 
 
@@ -222,12 +262,14 @@ def _settle(
     outcome: Outcome,
     *,
     claim_next: bool,
+    after: tuple[int, int] | None = None,
 ) -> tuple[list[float], list[Claimed]]:
     """Record every answer of the batch, and count them on the queue's
     per-minute and total rows, in one transaction: a batch acknowledged
     whole is one statement (one commit), which with ``claim_next`` also
-    claims the queue's next batch. Returns the publish-to-ack seconds of
-    each message acknowledged, and the batch claimed."""
+    claims the queue's next batch (resumed ``after``, as ``messages_claim``).
+    Returns the publish-to-ack seconds of each message acknowledged, and the
+    batch claimed."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
     retries: list[Retry] = []
     dead: dict[int, DeadLetterCause] = {}
@@ -257,6 +299,7 @@ def _settle(
                 handler_errors=len(answers),
                 lease_seconds=queue.lease_seconds,
                 limit=queue.batch_size,
+                after=after,
             )
         else:
             latencies = messages_ack_counted(

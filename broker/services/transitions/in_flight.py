@@ -37,25 +37,55 @@ from broker.services.transitions.table import Transition, guard
 T = Transition
 
 
-def _claim_ctes(*, suspect: bool) -> str:
-    """The claim of due messages (the ``claimed`` CTE), crash suspects only
-    or none (``suspect``).
-
-    The due rows are locked with SKIP LOCKED so concurrent workers of one
-    queue never wait for each other or claim the same message; they become
-    DLNG under this worker's lease and count the attempt. Index:
+def _due(*, suspect: bool, where: str = "", limit: str = "%(limit)s") -> str:
+    """Up to ``limit`` due messages of the queue, crash suspects only or none
+    (``suspect``), highest priority first, then oldest, locked with SKIP
+    LOCKED so concurrent workers of one queue never wait for each other or
+    claim the same message. ``where`` narrows the scan. Index:
     message_ready_idx, or message_suspect_idx for a suspect. ``suspect`` is a
     literal, not a parameter: the statement is prepared, and a generic plan
     would pick one index for both."""
     return f"""
-due AS (
     SELECT m.id FROM broker_message AS m
     WHERE m.queue_id = %(queue_id)s AND {guard(T.CLAIM)} AND m.available_at <= now()
       AND m.suspect = {str(suspect).lower()} AND (m.expires_at IS NULL OR m.expires_at > now())
+      {where}
     ORDER BY m.priority DESC, m.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED"""  # noqa: S608
+
+
+# A claim that resumes where its courier's last one ended. The ready index
+# keeps the entries of messages already delivered until VACUUM removes them,
+# and VACUUM can remove none that a transaction older than their delivery
+# might still see: while one is open (a long report, a forgotten session),
+# a claim from the head of the queue reads every message delivered since, and
+# slows down the longer it stays open. So the claim first reads on from the
+# last message claimed, within its priority (``after``: one index range),
+# and only for what that leaves of ``limit`` reads the rest of the queue from
+# its head. The courier claims from the head at least once a second
+# (``broker.services.delivery``), so a message of higher priority, or a retry
+# that fell due behind the point, waits at most that long.
+_AFTER = "m.priority = %(after_priority)s AND m.id > %(after_id)s"
+_RESUMED_DUE = f"""
+resumed AS ({_due(suspect=False, where=f"AND {_AFTER}")}
+), rest AS ({
+    _due(
+        suspect=False,
+        where=f"AND NOT ({_AFTER})",
+        limit="%(limit)s - (SELECT count(*) FROM resumed)",
+    )
+}
+), due AS (SELECT id FROM resumed UNION ALL SELECT id FROM rest)"""  # noqa: S608
+
+
+def _claim_ctes(*, suspect: bool, resumed: bool = False) -> str:
+    """The claim of due messages (the ``claimed`` CTE), crash suspects only
+    or none (``suspect``), from the head of the queue or ``resumed`` after a
+    point. They become DLNG under this worker's lease and count the
+    attempt."""
+    due = _RESUMED_DUE if resumed else f"due AS ({_due(suspect=suspect)}\n)"
+    return f"""{due}, claimed AS (
     UPDATE broker_message AS m
     SET state = 'DLNG', lease_owner = %(owner)s,
         lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
@@ -67,6 +97,7 @@ due AS (
 
 CLAIM_SQL = f"WITH {_claim_ctes(suspect=False)} SELECT * FROM claimed"  # noqa: S608
 CLAIM_SUSPECT_SQL = f"WITH {_claim_ctes(suspect=True)} SELECT * FROM claimed"  # noqa: S608
+CLAIM_RESUMED_SQL = f"WITH {_claim_ctes(suspect=False, resumed=True)} SELECT * FROM claimed"  # noqa: S608
 
 # The acknowledgement deletes the messages from the live partition and
 # inserts them, DLVD, into the delivered one (migration 0011), rather than
@@ -117,20 +148,26 @@ WITH {_ACK_CTES}, {
 SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 """  # noqa: S608
 
+
 # The counted ack of one batch and the claim of the queue's next one (no
 # suspects) under the same lease, in one statement: a worker that goes on
 # delivering makes one commit per batch. The two touch different rows (DLNG
 # leased to the caller, and TBDL). One row when nothing was claimed, else one
 # per message claimed, each carrying the ack's latencies.
-_ACK_COUNTED_CLAIM_SQL = f"""
+def _ack_counted_claim_sql(*, resumed: bool) -> str:
+    return f"""
 WITH {_ACK_CTES}, {
-    minute_count_ctes(
-        delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
-    )
-}, {_claim_ctes(suspect=False)}
+        minute_count_ctes(
+            delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
+        )
+    }, {_claim_ctes(suspect=False, resumed=resumed)}
 SELECT (SELECT array_agg(extract(epoch FROM now() - created_at)::float8) FROM acked), c.*
 FROM (SELECT) AS one LEFT JOIN claimed AS c ON true
 """  # noqa: S608
+
+
+_ACK_COUNTED_CLAIM_SQL = _ack_counted_claim_sql(resumed=False)
+_ACK_COUNTED_CLAIM_RESUMED_SQL = _ack_counted_claim_sql(resumed=True)
 
 _RETRY_SQL = f"""
 UPDATE broker_message AS m
@@ -262,25 +299,42 @@ class Unanswered:
 
 
 def messages_claim(
-    *, queue_id: int, owner: str, lease_seconds: float, limit: int, suspect: bool
+    *,
+    queue_id: int,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    suspect: bool,
+    after: tuple[int, int] | None = None,
 ) -> list[Claimed]:
     """TBDL -> DLNG for up to ``limit`` due messages of a queue, highest
     priority first, then oldest, under ``owner``'s lease of ``lease_seconds``;
-    crash suspects only, or none (``suspect``). One statement, so called
-    outside a transaction it commits at once (autocommit, no BEGIN or COMMIT
-    round trip): the lease must be visible before the consumer runs."""
+    crash suspects only, or none (``suspect``); those after ``after``
+    (priority, id) first, when given (``_RESUMED_DUE``; not for suspects).
+    One statement, so called outside a transaction it commits at once
+    (autocommit, no BEGIN or COMMIT round trip): the lease must be visible
+    before the consumer runs."""
+    sql = CLAIM_SUSPECT_SQL if suspect else CLAIM_SQL if after is None else CLAIM_RESUMED_SQL
     with _prepared_cursor() as cursor:
         cursor.execute(
-            CLAIM_SUSPECT_SQL if suspect else CLAIM_SQL,
+            sql,
             {
                 "queue_id": queue_id,
                 "limit": limit,
                 "owner": owner,
                 "lease_seconds": lease_seconds,
+                **_after(after),
             },
             prepare=True,
         )
         return _claimed(cursor.fetchall())
+
+
+def _after(after: tuple[int, int] | None) -> dict[str, int]:
+    if after is None:
+        return {}
+    priority, message_id = after
+    return {"after_priority": priority, "after_id": message_id}
 
 
 def _claimed(rows: Sequence[Sequence[Any]]) -> list[Claimed]:
@@ -345,15 +399,16 @@ def messages_ack_counted_and_claim(
     handler_errors: int,
     lease_seconds: float,
     limit: int,
+    after: tuple[int, int] | None = None,
 ) -> tuple[list[float], list[Claimed]]:
     """``messages_ack_counted`` and, in the same statement, ``messages_claim``
-    of up to ``limit`` due messages of the queue (no suspects) under the same
-    lease. Returns the ack's latencies and the messages claimed. Outside a
-    transaction it commits at once; in one, the same rule as
-    ``messages_ack_counted``."""
+    of up to ``limit`` due messages of the queue (no suspects; ``after`` as
+    there) under the same lease. Returns the ack's latencies and the
+    messages claimed. Outside a transaction it commits at once; in one, the
+    same rule as ``messages_ack_counted``."""
     with _prepared_cursor() as cursor:
         cursor.execute(
-            _ACK_COUNTED_CLAIM_SQL,
+            _ACK_COUNTED_CLAIM_SQL if after is None else _ACK_COUNTED_CLAIM_RESUMED_SQL,
             {
                 "ids": list(message_ids),
                 "owner": owner,
@@ -361,6 +416,7 @@ def messages_ack_counted_and_claim(
                 "handler_errors": handler_errors,
                 "lease_seconds": lease_seconds,
                 "limit": limit,
+                **_after(after),
             },
             prepare=True,
         )
