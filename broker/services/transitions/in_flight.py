@@ -152,8 +152,9 @@ SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 # The counted ack of one batch and the claim of the queue's next one (no
 # suspects) under the same lease, in one statement: a worker that goes on
 # delivering makes one commit per batch. The two touch different rows (DLNG
-# leased to the caller, and TBDL). One row when nothing was claimed, else one
-# per message claimed, each carrying the ack's latencies.
+# leased to the caller, and TBDL). A row per message acknowledged (its
+# latency, the rest NULL), then a row per message claimed (NULL, then the
+# claim's columns): each value once, whatever the batch size.
 def _ack_counted_claim_sql(*, resumed: bool) -> str:
     return f"""
 WITH {_ACK_CTES}, {
@@ -161,8 +162,10 @@ WITH {_ACK_CTES}, {
             delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
         )
     }, {_claim_ctes(suspect=False, resumed=resumed)}
-SELECT (SELECT array_agg(extract(epoch FROM now() - created_at)::float8) FROM acked), c.*
-FROM (SELECT) AS one LEFT JOIN claimed AS c ON true
+SELECT extract(epoch FROM now() - created_at)::float8, NULL, NULL, NULL, NULL, NULL, NULL
+FROM acked
+UNION ALL
+SELECT NULL, c.* FROM claimed AS c
 """  # noqa: S608
 
 
@@ -421,8 +424,8 @@ def messages_ack_counted_and_claim(
             prepare=True,
         )
         rows = cursor.fetchall()
-    latencies = rows[0][0] or []
-    return latencies, _claimed([row[1:] for row in rows if row[1] is not None])
+    latencies = [row[0] for row in rows if row[0] is not None]
+    return latencies, _claimed([row[1:] for row in rows if row[0] is None])
 
 
 def messages_retry(*, retries: Sequence[Retry], owner: str) -> int:
