@@ -300,13 +300,33 @@ $PG_QUEUE_SETTINGS
 EOF
 }
 
-# Every claim and acknowledgement leaves dead rows in the live messages; the
-# launcher looks at each database every autovacuum_naptime (1 min by default),
-# so without this a busy queue piles up a minute of them before each vacuum.
-PG_QUEUE_SETTINGS="autovacuum_naptime = 10s"
+# A message store's settings, one per line:
+# - Every claim and acknowledgement leaves dead rows in the live messages; the
+#   launcher looks at each database every autovacuum_naptime (1 min by
+#   default), so without this a busy queue piles up a minute of them before
+#   each vacuum.
+# - A delivered message writes about 4 kB of WAL (claim, ack, indexes), and a
+#   checkpoint is due after about half of max_wal_size: with the default 1 GB,
+#   one every 40 s at 3,000 messages a second, each followed by a burst of
+#   full-page images that delivery latency shows. With 8 GB, checkpoint_timeout
+#   (5 min) sets the pace; pg_wal may hold up to that much.
+PG_QUEUE_SETTINGS="autovacuum_naptime = 10s
+max_wal_size = 8GB"
 
-# pg_conf_lacks_queue_settings CONF: CONF was written before PG_QUEUE_SETTINGS.
-pg_conf_lacks_queue_settings() { ! grep -Eq '^[[:space:]]*autovacuum_naptime[[:space:]]*=' "$1"; }
+# pg_conf_missing_queue_settings CONF: print the lines of PG_QUEUE_SETTINGS
+# whose setting our block of CONF (below PG_CONF_HEADER) does not set: CONF
+# was written before they were added. initdb's own lines above it (it writes
+# max_wal_size = 1GB) do not count; a later line wins.
+pg_conf_missing_queue_settings() {
+    local ours line
+    ours="$(awk -v header="$PG_CONF_HEADER" 'below; $0 == header { below = 1 }' "$1")"
+    while IFS= read -r line; do
+        grep -Eq "^[[:space:]]*${line%% *}[[:space:]]*=" <<<"$ours" || printf '%s\n' "$line"
+    done <<<"$PG_QUEUE_SETTINGS"
+}
+
+# pg_conf_lacks_queue_settings CONF: CONF misses one of PG_QUEUE_SETTINGS.
+pg_conf_lacks_queue_settings() { [ -n "$(pg_conf_missing_queue_settings "$1")" ]; }
 
 # pg_conf_is_fast CONF: CONF turns off one of fsync, synchronous_commit or
 # full_page_writes (as scripts/services.sh itself did before the cluster had
@@ -346,7 +366,7 @@ pg_check_durable() {
 }
 
 start_pg() {
-    local port pw new_pw=0 made_durable=0 reload=0 ver bin_ver i psql
+    local port pw new_pw=0 made_durable=0 reload=0 ver bin_ver i psql missing
     ensure_pg_binaries
     ensure_pg_os_user
     resolve_pg_base 1
@@ -381,11 +401,12 @@ start_pg() {
         msg "removed fsync/synchronous_commit/full_page_writes = off from postgresql.conf: the cluster is durable now"
     fi
 
-    if pg_conf_lacks_queue_settings "$PGDATA_DIR/postgresql.conf"; then
-        printf '%s\n' "$PG_QUEUE_SETTINGS" >>"$PGDATA_DIR/postgresql.conf" ||
+    missing="$(pg_conf_missing_queue_settings "$PGDATA_DIR/postgresql.conf")"
+    if [ -n "$missing" ]; then
+        printf '%s\n' "$missing" >>"$PGDATA_DIR/postgresql.conf" ||
             die "could not edit $PGDATA_DIR/postgresql.conf"
         reload=1
-        msg "added $PG_QUEUE_SETTINGS to postgresql.conf"
+        msg "added ${missing//$'\n'/, } to postgresql.conf"
     fi
 
     if pg_running; then

@@ -255,8 +255,10 @@ def test_a_new_cluster_keeps_the_durable_defaults(tmp_path):
     for name in DURABILITY_SETTINGS:
         assert f"{name} =" not in text
     assert services('pg_conf_is_fast "$1"', str(conf)).returncode == 1
-    # Vacuum looks at the churning live messages every 10 s, not every minute.
+    # Vacuum looks at the churning live messages every 10 s, not every minute,
+    # and checkpoints come with checkpoint_timeout, not every 1 GB of WAL.
     assert "autovacuum_naptime = 10s" in text
+    assert "max_wal_size = 8GB" in text
     assert services('pg_conf_lacks_queue_settings "$1"', str(conf)).returncode == 1
 
 
@@ -265,4 +267,17 @@ def test_services_sh_knows_an_older_cluster_lacks_the_queue_settings(tmp_path):
     conf = tmp_path / "postgresql.conf"
     conf.write_text("# a cluster made before\nwork_mem = 4MB\n")
 
+    assert services('pg_conf_lacks_queue_settings "$1"', str(conf)).returncode == 0
+
+
+@pytest.mark.slow
+def test_services_sh_adds_only_the_queue_settings_an_older_cluster_lacks(tmp_path):
+    conf = tmp_path / "postgresql.conf"
+    header = services('printf "%s" "$PG_CONF_HEADER"').stdout
+    # initdb's own setting, above the block services.sh appends, does not count.
+    conf.write_text(f"max_wal_size = 1GB\n\n{header}\nautovacuum_naptime = 10s\n")
+
+    missing = services('pg_conf_missing_queue_settings "$1"', str(conf))
+
+    assert missing.stdout.splitlines() == ["max_wal_size = 8GB"]
     assert services('pg_conf_lacks_queue_settings "$1"', str(conf)).returncode == 0
