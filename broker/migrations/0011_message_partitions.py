@@ -36,25 +36,6 @@ The table is rebuilt: the rows are copied under an exclusive lock.
 
 from django.db import migrations
 
-# The statement triggers that 0002 and 0010 put on broker_message; the rebuild
-# drops them with the old table.
-TRIGGERS = """
-CREATE TRIGGER broker_message_depth_insert
-AFTER INSERT ON broker_message REFERENCING NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION broker_message_count_depth();
-
-CREATE TRIGGER broker_message_depth_update
-AFTER UPDATE ON broker_message REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION broker_message_count_depth();
-
-CREATE TRIGGER broker_message_depth_delete
-AFTER DELETE ON broker_message REFERENCING OLD TABLE AS old_rows
-FOR EACH STATEMENT EXECUTE FUNCTION broker_message_count_depth();
-
-CREATE TRIGGER broker_message_ha_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE
-ON broker_message FOR EACH STATEMENT EXECUTE FUNCTION lazaretto_ha_guard('data');
-"""
-
 # The live partition is vacuumed after every 1,000 dead rows, unthrottled:
 # it is small, and each dead index entry slows the claim that walks past it.
 # The delivered partition gets the table's earlier settings (0004), for the
@@ -78,7 +59,8 @@ ALTER TABLE broker_message_new SET (autovacuum_vacuum_scale_factor = 0.02,
 def rebuild(*, partitioned: bool) -> str:
     """SQL that copies broker_message into a new table, partitioned by state or
     plain, and puts the new one in its place with the same indexes, foreign
-    key, sequence position and triggers."""
+    key, sequence position and triggers (the depth counters' of 0002 and the
+    HA guard of 0010), each read from the catalog before the old table goes."""
     layout = "PARTITION BY LIST (state)" if partitioned else ""
     primary_key = "(id, state)" if partitioned else "(id)"
     foreign_key_on = "broker_message_live" if partitioned else "broker_message"
@@ -86,6 +68,7 @@ def rebuild(*, partitioned: bool) -> str:
 DO $rebuild$
 DECLARE
     index_ddl text[];
+    trigger_ddl text[];
     foreign_key text;
     old_sequence text := pg_get_serial_sequence('broker_message', 'id');
     last bigint;
@@ -95,6 +78,9 @@ BEGIN
     SELECT coalesce(array_agg(pg_get_indexdef(indexrelid) ORDER BY indexrelid), '{{}}')
     INTO index_ddl
     FROM pg_index WHERE indrelid = 'broker_message'::regclass AND NOT indisprimary;
+    SELECT coalesce(array_agg(pg_get_triggerdef(oid) ORDER BY tgname), '{{}}')
+    INTO trigger_ddl
+    FROM pg_trigger WHERE tgrelid = 'broker_message'::regclass AND NOT tgisinternal;
     SELECT conname INTO foreign_key FROM pg_constraint
     WHERE (conrelid = 'broker_message'::regclass
            OR conrelid IN (SELECT relid FROM pg_partition_tree('broker_message')))
@@ -111,7 +97,7 @@ BEGIN
     ALTER TABLE broker_message_new RENAME TO broker_message;
     ALTER SEQUENCE broker_message_new_id_seq RENAME TO broker_message_id_seq;
     ALTER TABLE broker_message ADD CONSTRAINT broker_message_pkey PRIMARY KEY {primary_key};
-    FOREACH ddl IN ARRAY index_ddl LOOP
+    FOREACH ddl IN ARRAY index_ddl || trigger_ddl LOOP
         EXECUTE ddl;
     END LOOP;
     EXECUTE format(
@@ -121,7 +107,6 @@ BEGIN
     );
 END
 $rebuild$;
-{TRIGGERS}
 ANALYZE broker_message;
 """
 
