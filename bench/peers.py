@@ -112,6 +112,9 @@ WAKE_TIMEOUT_SECONDS = 30.0
 # one or two of each worker, when the queue runs low.
 PARTIAL_FETCHES_ALLOWED = 2 * WORKERS
 
+# WAL the cluster has written so far; a run's share is the difference around
+# its drain, so the preload and its checkpoint are not counted.
+WAL_SQL = "SELECT wal_bytes FROM pg_stat_wal"
 # Every write the database has seen: the stall check's sign of progress.
 WRITES_SQL = "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
 # The table holding a system's messages, and its partitions, if unlogged.
@@ -222,10 +225,16 @@ class Result:
     seconds: float
     # Sum of the peaks (VmHWM) of every process the system ran to consume.
     peak_rss_kb: int
+    # WAL the cluster wrote while the system drained; None: no database.
+    wal_bytes: int | None = None
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds
+
+    @property
+    def wal_bytes_per_message(self) -> float | None:
+        return None if self.wal_bytes is None else self.wal_bytes / self.messages
 
 
 @dataclass(frozen=True)
@@ -466,6 +475,11 @@ def writes(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def wal_written(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(WAL_SQL).fetchone()
+    return int(row[0]) if row else 0
+
+
 def scalar(ctx: Context, query: str) -> Any:
     with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
         row = conn.execute(query).fetchone()
@@ -600,17 +614,35 @@ def wait_done(ctx: Context, name: str, workers: list[Worker]) -> list[dict[str, 
     return [worker.report() for worker in workers]
 
 
+@dataclass(frozen=True)
+class Drained:
+    """How a system's worker processes drained its queue."""
+
+    # From the first fetch of any worker to the last acknowledgement of any.
+    seconds: float
+    # Their summed peak RSS.
+    peak_rss_kb: int
+    # How many fetches returned each size.
+    fetches: Counter[int]
+    acked: int
+    # WAL the cluster wrote from their release to their exit.
+    wal_bytes: int
+
+
 def drain_with_workers(
     ctx: Context, name: str, command: list[str], env: dict[str, str] | None = None
-) -> tuple[float, int, Counter[int], int]:
+) -> Drained:
     """Start the workers, release them together once all are ready and wait
-    for them. Returns (seconds from the first fetch of any worker to the last
-    acknowledgement of any, their summed peak RSS in kB, how many fetches
-    returned each size, messages acknowledged)."""
-    with worker_processes(ctx, name, command, env) as workers:
+    for them."""
+    with (
+        worker_processes(ctx, name, command, env) as workers,
+        psycopg.connect(ctx.bench_url, autocommit=True) as conn,
+    ):
         wait_ready(name, workers)
+        wal_before = wal_written(conn)
         release(workers)
         reports = wait_done(ctx, name, workers)
+        wal_bytes = wal_written(conn) - wal_before
     first = [report["first_fetch"] for report in reports if report["first_fetch"] is not None]
     last = [report["last_ack"] for report in reports if report["last_ack"] is not None]
     if not first or not last:
@@ -620,7 +652,7 @@ def drain_with_workers(
         fetches.update({int(size): count for size, count in report["fetches"].items()})
     acked = sum(int(report["acked"]) for report in reports)
     rss = sum(int(report["peak_rss_kb"]) for report in reports)
-    return max(last) - min(first), rss, fetches, acked
+    return Drained(max(last) - min(first), rss, fetches, acked, wal_bytes)
 
 
 def check_batches(
@@ -653,6 +685,7 @@ class Measured:
     seconds: float
     peak_rss_kb: int
     check: BatchCheck | None = None
+    wal_bytes: int | None = None
 
 
 def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -675,12 +708,14 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
         celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
+        wal_before = wal_written(conn)
         seconds, _ = drain_paused_queue(conn, workers, queue, count)
+        wal_bytes = wal_written(conn) - wal_before
         peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
     verify_delivered(queue, count, f"lazaretto {batch}")
     shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
     log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
-    return Measured(seconds, sum(peaks.values()))
+    return Measured(seconds, sum(peaks.values()), wal_bytes=wal_bytes)
 
 
 def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -696,12 +731,14 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
     command += ["--queue-id", str(queue.id), "--batch", str(batch)]
     command += ["--lease-seconds", str(queue.lease_seconds)]
     env = {**os.environ, "DEBUG": "0", "SECRET_KEY": "bench-only-key"}
-    seconds, rss, fetches, acked = drain_with_workers(ctx, f"bare-{batch}", command, env)
-    if acked != count:
-        raise BenchError(f"bare {batch}: the workers acknowledged {acked} of {count} messages")
+    drained = drain_with_workers(ctx, f"bare-{batch}", command, env)
+    if drained.acked != count:
+        raise BenchError(
+            f"bare {batch}: the workers acknowledged {drained.acked} of {count} messages"
+        )
     verify_delivered(queue, count, f"bare {batch}")
-    check = check_batches("bare", batch, batch, count, fetches)
-    return Measured(seconds, rss, check)
+    check = check_batches("bare", batch, batch, count, drained.fetches)
+    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.wal_bytes)
 
 
 def prepare_peer(ctx: Context, module: str, count: int) -> None:
@@ -720,7 +757,7 @@ def prepare_peer(ctx: Context, module: str, count: int) -> None:
 
 def run_peer(
     ctx: Context, system: str, batch: int | None, count: int, remaining_sql: str
-) -> tuple[float, int, Counter[int]]:
+) -> Drained:
     """A peer's run: fresh database, prepare, settle, its workers from
     var/peers-venv; fails unless ``remaining_sql`` counts 0 afterwards and
     the workers acknowledged ``count`` messages."""
@@ -732,30 +769,35 @@ def run_peer(
     settle(ctx, where, MESSAGE_TABLES[system])
     command = [str(ctx.peers_python), "-m", module, "work", "--url", ctx.bench_url]
     command += ["--batch", str(batch or 1)]
-    seconds, rss, fetches, acked = drain_with_workers(ctx, where.replace(" ", "-"), command)
+    drained = drain_with_workers(ctx, where.replace(" ", "-"), command)
     remaining = scalar(ctx, remaining_sql)
-    if acked != count or remaining != 0:
+    if drained.acked != count or remaining != 0:
         raise BenchError(
-            f"{where}: {acked} of {count} messages acknowledged, {remaining} left in the queue"
+            f"{where}: {drained.acked} of {count} messages acknowledged, "
+            f"{remaining} left in the queue"
         )
-    log(f"{where}: {count} messages in {seconds:.2f}s, none left")
-    return seconds, rss, fetches
+    log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left")
+    return drained
+
+
+def measured_peer(drained: Drained, check: BatchCheck) -> Measured:
+    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.wal_bytes)
 
 
 def run_pgmq(ctx: Context, batch: int | None, count: int) -> Measured:
     assert batch is not None
-    seconds, rss, fetches = run_peer(ctx, "pgmq", batch, count, "SELECT count(*) FROM pgmq.q_bench")
-    return Measured(seconds, rss, check_batches("pgmq", batch, batch, count, fetches))
+    drained = run_peer(ctx, "pgmq", batch, count, "SELECT count(*) FROM pgmq.q_bench")
+    return measured_peer(drained, check_batches("pgmq", batch, batch, count, drained.fetches))
 
 
 def run_pgqueuer(ctx: Context, batch: int | None, count: int) -> Measured:
     assert batch is not None
-    seconds, rss, fetches = run_peer(ctx, "pgqueuer", batch, count, "SELECT count(*) FROM pgqueuer")
-    return Measured(seconds, rss, check_batches("pgqueuer", batch, batch, count, fetches))
+    drained = run_peer(ctx, "pgqueuer", batch, count, "SELECT count(*) FROM pgqueuer")
+    return measured_peer(drained, check_batches("pgqueuer", batch, batch, count, drained.fetches))
 
 
 def run_procrastinate(ctx: Context, batch: int | None, count: int) -> Measured:
-    seconds, rss, fetches = run_peer(
+    drained = run_peer(
         ctx,
         "procrastinate",
         None,
@@ -763,7 +805,7 @@ def run_procrastinate(ctx: Context, batch: int | None, count: int) -> Measured:
         "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
     )
     # One setting: each fetch_job takes one job.
-    return Measured(seconds, rss, check_batches("procrastinate", None, 1, count, fetches))
+    return measured_peer(drained, check_batches("procrastinate", None, 1, count, drained.fetches))
 
 
 def redis_queued(client: Any, queue: str) -> int:
@@ -932,6 +974,9 @@ def result_row(result: Result, results: Sequence[Result]) -> dict[str, Any]:
         "msgs_per_s": round(result.rate, 1),
         "ratio_to_lazaretto": None if ratio is None else round(ratio, 3),
         "peak_rss_mb": round(result.peak_rss_kb / 1024, 1),
+        "wal_bytes_per_msg": (
+            None if result.wal_bytes_per_message is None else round(result.wal_bytes_per_message)
+        ),
     }
 
 
@@ -1012,7 +1057,7 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
     print()
     print(
         f"{'system':<14} {'batch':>5} {'messages':>9} {'seconds':>8} {'msgs/s':>9} "
-        f"{'x tps':>6} {'vs lazaretto':>12} {'peak RSS MB':>11}"
+        f"{'x tps':>6} {'vs lazaretto':>12} {'peak RSS MB':>11} {'WAL B/msg':>9}"
     )
     for result in results:
         ratio = ratio_to_lazaretto(result, results)
@@ -1020,10 +1065,11 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
         versus = "-" if ratio is None else f"{ratio:.2f}"
         if ratio is not None and result.batch is None:
             versus += f" (@{REFERENCE_BATCH})"
+        wal = result.wal_bytes_per_message
         print(
             f"{result.system:<14} {batch:>5} {result.messages:>9} {result.seconds:>8.2f} "
             f"{result.rate:>9.0f} {result.rate / tps:>6.2f} {versus:>12} "
-            f"{result.peak_rss_kb / 1024:>11.1f}"
+            f"{result.peak_rss_kb / 1024:>11.1f} {'-' if wal is None else f'{wal:.0f}':>9}"
         )
 
 
@@ -1102,7 +1148,11 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             where = system if batch is None else f"{system} batch {batch}"
             log(f"== {where}: {count} messages")
             measured = RUNNERS[system](ctx, batch, count)
-            results.append(Result(system, batch, count, measured.seconds, measured.peak_rss_kb))
+            results.append(
+                Result(
+                    system, batch, count, measured.seconds, measured.peak_rss_kb, measured.wal_bytes
+                )
+            )
             if measured.check is not None:
                 checks.append(measured.check)
             log(f"{where}: {count / measured.seconds:.0f} msgs/s")

@@ -19,13 +19,20 @@ def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return capsys.readouterr().err
 
 
-def result(system: str, batch: int | None, msgs_per_s: float, messages: int = 1000) -> Result:
+def result(
+    system: str,
+    batch: int | None,
+    msgs_per_s: float,
+    messages: int = 1000,
+    wal_bytes: int | None = None,
+) -> Result:
     return Result(
         system=system,
         batch=batch,
         messages=messages,
         seconds=messages / msgs_per_s,
         peak_rss_kb=1024,
+        wal_bytes=wal_bytes,
     )
 
 
@@ -158,7 +165,7 @@ def test_single_setting_peers_are_compared_with_lazaretto_batch_100() -> None:
 
 
 def test_a_result_row_has_the_figures_the_charts_read() -> None:
-    (row,) = peers.summary_rows([result("pgmq", 10, 1234.5, messages=2469)])
+    (row,) = peers.summary_rows([result("pgmq", 10, 1234.5, messages=2469, wal_bytes=4_000_000)])
     assert row == {
         "system": "pgmq",
         "batch": 10,
@@ -167,7 +174,13 @@ def test_a_result_row_has_the_figures_the_charts_read() -> None:
         "msgs_per_s": 1234.5,
         "ratio_to_lazaretto": None,
         "peak_rss_mb": 1.0,
+        "wal_bytes_per_msg": 1620,
     }
+
+
+def test_a_system_without_a_database_has_no_wal_per_message() -> None:
+    (row,) = peers.summary_rows([result("celery-redis", None, 500.0)])
+    assert row["wal_bytes_per_msg"] is None
 
 
 def test_targets_are_lazaretto_over_the_peer() -> None:
