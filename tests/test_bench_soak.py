@@ -212,13 +212,24 @@ def test_a_vacuum_sawtooth_is_bounded() -> None:
     series = [sample(10.0 * (n + 1), dead=dead) for n, dead in enumerate(teeth)]
     dead = soak.dead_tuples_halves(series)
     assert (dead.first_half_max, dead.second_half_max) == (100_000, 100_000)
+    assert dead.first_half_mean == pytest.approx(dead.second_half_mean)
+    assert dead.bounded
+
+
+def test_one_vacuum_coming_late_leaves_the_dead_tuples_bounded() -> None:
+    counts = [30_000] * 60
+    counts[50] = 70_000
+    series = [sample(10.0 * (n + 1), dead=dead) for n, dead in enumerate(counts)]
+    dead = soak.dead_tuples_halves(series)
+    assert (dead.first_half_max, dead.second_half_max) == (30_000, 70_000)
+    assert dead.growth == pytest.approx(1.044, abs=0.001)
     assert dead.bounded
 
 
 def test_dead_tuples_growing_all_along_are_not_bounded() -> None:
     series = [sample(10.0 * (n + 1), dead=3000 * (n + 1)) for n in range(60)]
     dead = soak.dead_tuples_halves(series)
-    assert dead.growth == pytest.approx(2.0)
+    assert dead.growth == pytest.approx(45.5 / 15.5)
     assert not dead.bounded
 
 
