@@ -225,8 +225,8 @@ class Result:
     seconds: float
     # Sum of the peaks (VmHWM) of every process the system ran to consume.
     peak_rss_kb: int
-    # WAL the cluster wrote while the system drained; None: no database.
-    wal_bytes: int | None = None
+    # What the database server did meanwhile; None: the system has none.
+    database: DatabaseWork | None = None
 
     @property
     def rate(self) -> float:
@@ -234,7 +234,13 @@ class Result:
 
     @property
     def wal_bytes_per_message(self) -> float | None:
-        return None if self.wal_bytes is None else self.wal_bytes / self.messages
+        return None if self.database is None else self.database.wal_bytes / self.messages
+
+    @property
+    def database_cpu_us_per_message(self) -> float | None:
+        if self.database is None or self.database.cpu_seconds is None:
+            return None
+        return self.database.cpu_seconds / self.messages * 1e6
 
 
 @dataclass(frozen=True)
@@ -480,6 +486,64 @@ def wal_written(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, …), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def server_cpu_seconds(conn: psycopg.Connection[Any]) -> float | None:
+    """The CPU time every process of the PostgreSQL server behind ``conn`` has
+    used so far: the postmaster's own and that of its children it has reaped
+    (cutime, cstime), and each live child's. Exact across a window however
+    many backends come and go in it. None when the server is not on this
+    machine (no postgres process here has the backend's pid)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    backend = int(row[0]) if row else 0
+    try:
+        if Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
+            return None
+    except OSError:
+        return None
+    stat = proc_stat(backend)
+    if stat is None:
+        return None
+    postmaster = int(stat[1])
+    ticks = os.sysconf("SC_CLK_TCK")
+    own = proc_stat(postmaster)
+    if own is None:
+        return None
+    # utime, stime, cutime and cstime: fields 14-17 of stat, 11-14 here.
+    total = sum(int(field) for field in own[11:15])
+    for child in process_tree(postmaster)[1:]:
+        if (stat := proc_stat(child)) is not None:
+            total += int(stat[11]) + int(stat[12])
+    return total / ticks
+
+
+@dataclass
+class DatabaseWork:
+    """What the database server did while a system drained: the WAL the
+    cluster wrote and the CPU time of all its processes (backends,
+    checkpointer, WAL writer, autovacuum); None when it is not on this
+    machine."""
+
+    wal_bytes: int = 0
+    cpu_seconds: float | None = None
+
+
+@contextmanager
+def database_work(conn: psycopg.Connection[Any]) -> Iterator[DatabaseWork]:
+    work = DatabaseWork()
+    wal, cpu = wal_written(conn), server_cpu_seconds(conn)
+    yield work
+    work.wal_bytes = wal_written(conn) - wal
+    after = server_cpu_seconds(conn)
+    work.cpu_seconds = None if cpu is None or after is None else after - cpu
+
+
 def scalar(ctx: Context, query: str) -> Any:
     with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
         row = conn.execute(query).fetchone()
@@ -625,8 +689,8 @@ class Drained:
     # How many fetches returned each size.
     fetches: Counter[int]
     acked: int
-    # WAL the cluster wrote from their release to their exit.
-    wal_bytes: int
+    # From their release to their exit.
+    database: DatabaseWork
 
 
 def drain_with_workers(
@@ -639,10 +703,9 @@ def drain_with_workers(
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
     ):
         wait_ready(name, workers)
-        wal_before = wal_written(conn)
-        release(workers)
-        reports = wait_done(ctx, name, workers)
-        wal_bytes = wal_written(conn) - wal_before
+        with database_work(conn) as database:
+            release(workers)
+            reports = wait_done(ctx, name, workers)
     first = [report["first_fetch"] for report in reports if report["first_fetch"] is not None]
     last = [report["last_ack"] for report in reports if report["last_ack"] is not None]
     if not first or not last:
@@ -652,7 +715,7 @@ def drain_with_workers(
         fetches.update({int(size): count for size, count in report["fetches"].items()})
     acked = sum(int(report["acked"]) for report in reports)
     rss = sum(int(report["peak_rss_kb"]) for report in reports)
-    return Drained(max(last) - min(first), rss, fetches, acked, wal_bytes)
+    return Drained(max(last) - min(first), rss, fetches, acked, database)
 
 
 def check_batches(
@@ -685,7 +748,7 @@ class Measured:
     seconds: float
     peak_rss_kb: int
     check: BatchCheck | None = None
-    wal_bytes: int | None = None
+    database: DatabaseWork | None = None
 
 
 def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -708,14 +771,13 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
         celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
-        wal_before = wal_written(conn)
-        seconds, _ = drain_paused_queue(conn, workers, queue, count)
-        wal_bytes = wal_written(conn) - wal_before
+        with database_work(conn) as database:
+            seconds, _ = drain_paused_queue(conn, workers, queue, count)
         peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
     verify_delivered(queue, count, f"lazaretto {batch}")
     shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
     log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
-    return Measured(seconds, sum(peaks.values()), wal_bytes=wal_bytes)
+    return Measured(seconds, sum(peaks.values()), database=database)
 
 
 def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -738,7 +800,7 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
         )
     verify_delivered(queue, count, f"bare {batch}")
     check = check_batches("bare", batch, batch, count, drained.fetches)
-    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.wal_bytes)
+    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
 
 
 def prepare_peer(ctx: Context, module: str, count: int) -> None:
@@ -781,7 +843,7 @@ def run_peer(
 
 
 def measured_peer(drained: Drained, check: BatchCheck) -> Measured:
-    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.wal_bytes)
+    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
 
 
 def run_pgmq(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -966,6 +1028,7 @@ def targets_summary(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
 
 def result_row(result: Result, results: Sequence[Result]) -> dict[str, Any]:
     ratio = ratio_to_lazaretto(result, results)
+    wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
     return {
         "system": result.system,
         "batch": result.batch,
@@ -974,9 +1037,8 @@ def result_row(result: Result, results: Sequence[Result]) -> dict[str, Any]:
         "msgs_per_s": round(result.rate, 1),
         "ratio_to_lazaretto": None if ratio is None else round(ratio, 3),
         "peak_rss_mb": round(result.peak_rss_kb / 1024, 1),
-        "wal_bytes_per_msg": (
-            None if result.wal_bytes_per_message is None else round(result.wal_bytes_per_message)
-        ),
+        "wal_bytes_per_msg": None if wal is None else round(wal),
+        "database_cpu_us_per_msg": None if cpu is None else round(cpu, 1),
     }
 
 
@@ -1057,7 +1119,8 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
     print()
     print(
         f"{'system':<14} {'batch':>5} {'messages':>9} {'seconds':>8} {'msgs/s':>9} "
-        f"{'x tps':>6} {'vs lazaretto':>12} {'peak RSS MB':>11} {'WAL B/msg':>9}"
+        f"{'x tps':>6} {'vs lazaretto':>12} {'peak RSS MB':>11} {'WAL B/msg':>9} "
+        f"{'DB CPU us/msg':>13}"
     )
     for result in results:
         ratio = ratio_to_lazaretto(result, results)
@@ -1065,11 +1128,12 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
         versus = "-" if ratio is None else f"{ratio:.2f}"
         if ratio is not None and result.batch is None:
             versus += f" (@{REFERENCE_BATCH})"
-        wal = result.wal_bytes_per_message
+        wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
         print(
             f"{result.system:<14} {batch:>5} {result.messages:>9} {result.seconds:>8.2f} "
             f"{result.rate:>9.0f} {result.rate / tps:>6.2f} {versus:>12} "
-            f"{result.peak_rss_kb / 1024:>11.1f} {'-' if wal is None else f'{wal:.0f}':>9}"
+            f"{result.peak_rss_kb / 1024:>11.1f} {'-' if wal is None else f'{wal:.0f}':>9} "
+            f"{'-' if cpu is None else f'{cpu:.1f}':>13}"
         )
 
 
@@ -1150,7 +1214,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             measured = RUNNERS[system](ctx, batch, count)
             results.append(
                 Result(
-                    system, batch, count, measured.seconds, measured.peak_rss_kb, measured.wal_bytes
+                    system, batch, count, measured.seconds, measured.peak_rss_kb, measured.database
                 )
             )
             if measured.check is not None:

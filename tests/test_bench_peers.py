@@ -1,15 +1,18 @@
-"""bench/peers.py without processes or a peer venv: its arguments, its plan,
-the batch check and the ratios and targets it draws from hand-made results."""
+"""bench/peers.py without worker processes or a peer venv: its arguments,
+its plan, the batch check, the ratios and targets it draws from hand-made
+results, and its reading of the database server's CPU time."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import psycopg
 import pytest
 
 from bench import peers
-from bench.peers import Result
+from bench.peers import DatabaseWork, Result
 from bench.publish import BenchError
+from tests.harness import database_url_for_workers
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -24,7 +27,7 @@ def result(
     batch: int | None,
     msgs_per_s: float,
     messages: int = 1000,
-    wal_bytes: int | None = None,
+    database: DatabaseWork | None = None,
 ) -> Result:
     return Result(
         system=system,
@@ -32,7 +35,7 @@ def result(
         messages=messages,
         seconds=messages / msgs_per_s,
         peak_rss_kb=1024,
-        wal_bytes=wal_bytes,
+        database=database,
     )
 
 
@@ -165,7 +168,8 @@ def test_single_setting_peers_are_compared_with_lazaretto_batch_100() -> None:
 
 
 def test_a_result_row_has_the_figures_the_charts_read() -> None:
-    (row,) = peers.summary_rows([result("pgmq", 10, 1234.5, messages=2469, wal_bytes=4_000_000)])
+    database = DatabaseWork(wal_bytes=4_000_000, cpu_seconds=0.1)
+    (row,) = peers.summary_rows([result("pgmq", 10, 1234.5, messages=2469, database=database)])
     assert row == {
         "system": "pgmq",
         "batch": 10,
@@ -175,12 +179,31 @@ def test_a_result_row_has_the_figures_the_charts_read() -> None:
         "ratio_to_lazaretto": None,
         "peak_rss_mb": 1.0,
         "wal_bytes_per_msg": 1620,
+        "database_cpu_us_per_msg": 40.5,
     }
 
 
-def test_a_system_without_a_database_has_no_wal_per_message() -> None:
+def test_a_system_without_a_database_has_no_database_figures() -> None:
     (row,) = peers.summary_rows([result("celery-redis", None, 500.0)])
-    assert row["wal_bytes_per_msg"] is None
+    assert (row["wal_bytes_per_msg"], row["database_cpu_us_per_msg"]) == (None, None)
+
+
+def test_a_server_on_another_machine_has_no_cpu_figure() -> None:
+    database = DatabaseWork(wal_bytes=1_000_000, cpu_seconds=None)
+    (row,) = peers.summary_rows([result("pgmq", 100, 1000.0, database=database)])
+    assert (row["wal_bytes_per_msg"], row["database_cpu_us_per_msg"]) == (1000, None)
+
+
+@pytest.mark.django_db
+def test_the_servers_cpu_time_counts_what_a_backend_burns() -> None:
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as conn:
+        before = peers.server_cpu_seconds(conn)
+        conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+        after = peers.server_cpu_seconds(conn)
+
+    assert before is not None
+    assert after is not None
+    assert after - before >= 0.1
 
 
 def test_targets_are_lazaretto_over_the_peer() -> None:
