@@ -4,13 +4,16 @@ sent as new text every batch."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 
 from broker.models import Message, MessageState
-from broker.services.delivery import queue_deliver
+from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from broker.services.transitions.in_flight import _ACK_COUNTED_CLAIM_RESUMED_SQL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,3 +75,59 @@ def test_a_suspect_probe_reads_the_suspect_index_after_many_runs(db):
     assert any(index in plan for index in suspect_indexes), plan
     waiting = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED)
     assert waiting.count() == 500 - 12 * 10
+
+
+def test_the_settle_and_claim_statement_finds_the_claimed_rows_by_key_in_a_generic_plan(db):
+    """After a few runs a prepared statement may take a generic plan, which
+    cannot tell how many messages the claim's CTEs return; it must still
+    fetch each one by its key, not scan the live partition to hash them."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=100)
+    for _ in range(20):
+        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 1000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message")
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        for _ in range(8):
+            courier.deliver(suspects=False, claim_next=True)
+        courier.deliver(suspects=False)
+        assert courier.resume_after is not None
+        priority, after_id = courier.resume_after
+
+    plan = generic_plan(
+        _ACK_COUNTED_CLAIM_RESUMED_SQL,
+        {
+            "ids": [0],
+            "owner": "test:1:1",
+            "queue_id": queue.id,
+            "handler_errors": 0,
+            "lease_seconds": 30,
+            "limit": 100,
+            "after_priority": priority,
+            "after_id": after_id,
+        },
+    )
+
+    assert "Seq Scan on broker_message_live" not in plan, plan
+    assert "Index Scan using broker_message_live_pkey" in plan, plan
+
+
+def generic_plan(sql: str, values: dict[str, object]) -> str:
+    """EXPLAIN of ``sql`` as this connection prepared it, with a generic plan:
+    ``values`` by the names ``sql`` uses, which psycopg numbered in the order
+    of their first use."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+    sent = re.sub(r"%\((\w+)\)s", lambda found: f"${names.index(found[1]) + 1}", sql)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE statement = %s", [sent])
+        [(name,)] = cursor.fetchall()
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute(
+                f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(names))})",
+                [values[each] for each in names],
+            )
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET plan_cache_mode")

@@ -83,14 +83,18 @@ def _claim_ctes(*, suspect: bool, resumed: bool = False) -> str:
     """The claim of due messages (the ``claimed`` CTE), crash suspects only
     or none (``suspect``), from the head of the queue or ``resumed`` after a
     point. They become DLNG under this worker's lease and count the
-    attempt."""
+    attempt. The update fetches them by key (``id = ANY`` of the due ids):
+    joined to ``due`` instead, a prepared statement's generic plan, which
+    cannot tell how few rows ``due`` returns (the resumed claim's ``rest``
+    is LIMIT limit minus a count), hashed the whole live partition to find
+    them, 17 ms for a batch of 100 out of 24,000 waiting."""
     due = _RESUMED_DUE if resumed else f"due AS ({_due(suspect=suspect)}\n)"
     return f"""{due}, claimed AS (
     UPDATE broker_message AS m
     SET state = 'DLNG', lease_owner = %(owner)s,
         lease_deadline = now() + make_interval(secs => %(lease_seconds)s),
         attempts = m.attempts + 1, updated_at = now()
-    FROM due WHERE m.id = due.id AND {guard(T.CLAIM)}
+    WHERE m.id = ANY(ARRAY(SELECT id FROM due)) AND {guard(T.CLAIM)}
     RETURNING m.id, m.priority, m.payload, m.content_type, m.headers, m.attempts
 )"""  # noqa: S608
 
