@@ -5,6 +5,7 @@ sent as new text every batch."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -113,7 +114,7 @@ def test_the_settle_and_claim_statement_finds_the_claimed_rows_by_key_in_a_gener
     assert "Index Scan using broker_message_live_pkey" in plan, plan
 
 
-def generic_plan(sql: str, values: dict[str, object]) -> str:
+def generic_plan(sql: str, values: dict[str, Any]) -> str:
     """EXPLAIN of ``sql`` as this connection prepared it, with a generic plan:
     ``values`` by the names ``sql`` uses, which psycopg numbered in the order
     of their first use."""
