@@ -385,11 +385,17 @@ class Message(models.Model):
             # The sweeper's scan for deliveries whose lease ran out or whose
             # worker died:
             #   SELECT id FROM broker_message WHERE state = 'DLNG'
-            #   AND lease_deadline < now() FOR UPDATE SKIP LOCKED
+            #   AND lease_deadline IS NOT NULL AND lease_deadline < now()
+            #   FOR UPDATE SKIP LOCKED
+            # Only DLNG messages hold a lease. The predicate names the lease,
+            # not the state, so that a statement that finds DLNG rows by key
+            # (the ack, a retry) cannot read this index instead: it keeps an
+            # entry for every message delivered until VACUUM removes it, and
+            # the planner, counting the few DLNG rows, thinks it small.
             models.Index(
                 fields=["lease_deadline"],
                 name="message_in_flight_idx",
-                condition=Q(state=MessageState.DELIVERING),
+                condition=Q(lease_deadline__isnull=False),
             ),
             # Waiting messages whose time is up:
             #   SELECT id FROM broker_message WHERE state = 'TBDL'

@@ -17,8 +17,14 @@ from broker.selectors import DUE_QUEUES_SQL, queue_depths, queues_with_due_messa
 from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from broker.services.sweeper import LEASE_OWNERS_SQL
 from broker.services.transitions.blacklist import message_fail
-from broker.services.transitions.in_flight import ACK_SQL, CLAIM_RESUMED_SQL, CLAIM_SQL
+from broker.services.transitions.in_flight import (
+    _REQUEUE_UNANSWERED_SQL,
+    ACK_SQL,
+    CLAIM_RESUMED_SQL,
+    CLAIM_SQL,
+)
 from tests.harness import database_url_for_workers, wait_until
 from tests.test_delivery_service import lease
 
@@ -171,6 +177,34 @@ def test_the_dispatcher_finds_a_due_queue_through_the_index_under_a_large_backlo
     assert "Seq Scan on broker_message_live" not in plan, plan
     assert "Index Scan using broker_message_live_queue_id_priority_id_idx on" in plan, plan
     assert [due.queue_id for due in queues_with_due_messages()] == [queue.id]
+
+
+def test_the_sweepers_scans_read_the_index_of_leases_under_a_large_backlog():
+    """The index names the lease, not the state (migration 0013); the
+    sweeper's statements must say so to use it."""
+    queue = queue_create(name="Q", consumer="noop")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
+            " state, available_at, put_application, put_user, lease_owner, lease_deadline)"
+            " SELECT %s, '\\x00', 'a', '{}', 4, CASE WHEN i <= 20 THEN 'DLNG' ELSE 'TBDL' END,"
+            " now(), '', '', CASE WHEN i <= 20 THEN 'w:1:1' ELSE '' END,"
+            " CASE WHEN i <= 20 THEN now() + interval '30 s' END"
+            " FROM generate_series(1, 100000) AS i",
+            [queue.id],
+        )
+        cursor.execute("ANALYZE broker_message")
+        plans = []
+        for sql, params in (
+            (LEASE_OWNERS_SQL, None),
+            (_REQUEUE_UNANSWERED_SQL, {"dead": ["w:2:1"], "overdue": 3}),
+        ):
+            cursor.execute("EXPLAIN " + sql, params)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+
+    for plan in plans:
+        assert "Seq Scan on broker_message_live" not in plan, plan
+        assert "broker_message_live_lease_deadline_idx" in plan, plan
 
 
 def test_a_vacuum_keeps_the_live_partitions_emptied_pages(db):

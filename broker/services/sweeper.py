@@ -53,10 +53,17 @@ class SweepResult:
         return bool(self.requeued or self.quarantined or self.purged)
 
 
+# Index: message_in_flight_idx (lease_deadline IS NOT NULL, which only DLNG has).
+LEASE_OWNERS_SQL = (
+    "SELECT DISTINCT lease_owner FROM broker_message"
+    " WHERE state = 'DLNG' AND lease_deadline IS NOT NULL"
+)
+
+
 def dead_lease_owners() -> list[str]:
     """Lease owners of DLNG messages whose worker no longer holds its lock."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT DISTINCT lease_owner FROM broker_message WHERE state = 'DLNG'")
+        cursor.execute(LEASE_OWNERS_SQL)
         owners = [owner for (owner,) in cursor.fetchall()]
         tokens = {owner: lease_token(owner) for owner in owners}
         live_tokens = [token for token in tokens.values() if token is not None]

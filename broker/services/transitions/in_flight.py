@@ -110,8 +110,10 @@ CLAIM_RESUMED_SQL = f"WITH {_claim_ctes(suspect=False, resumed=True)} SELECT * F
 # of the partition key had moved would fail its statement ("tuple to be locked
 # was already moved to another partition"). The depth trigger counts the
 # delete and the insert. Joined on the ids (primary key lookups) rather than
-# "id = ANY(…)", which the planner may combine with a scan of
-# message_in_flight_idx and its dead entries.
+# "id = ANY(…)". message_in_flight_idx, which holds DLNG rows and the dead
+# entries of every message delivered since the last VACUUM, names the lease
+# in its predicate, not the state, so that the planner cannot read it whole
+# instead (migration 0013).
 _MESSAGE_COLUMNS = [field.column for field in Message._meta.concrete_fields]
 _ACKNOWLEDGED = {
     "state": "'DLVD'",
@@ -209,12 +211,12 @@ WHERE m.id = d.id
 # the lease ran out crashed; past it, the delivery timed out. SKIP LOCKED: a
 # row another transaction is settling right now (an ack in progress, another
 # sweeper) is left for the next sweep instead of waited on. Index:
-# message_in_flight_idx (state = 'DLNG').
+# message_in_flight_idx (lease_deadline IS NOT NULL, which only DLNG has).
 _REQUEUE_UNANSWERED_SQL = f"""
 WITH ended AS (
     SELECT m.id, m.lease_owner, m.lease_owner = ANY(%(dead)s) AND m.lease_deadline >= now() AS crashed
     FROM broker_message AS m
-    WHERE {guard(T.REQUEUE_UNANSWERED)}
+    WHERE {guard(T.REQUEUE_UNANSWERED)} AND m.lease_deadline IS NOT NULL
       AND (m.lease_deadline < now() - make_interval(secs => %(overdue)s)
            OR m.lease_owner = ANY(%(dead)s))
     FOR UPDATE SKIP LOCKED
