@@ -195,12 +195,10 @@ def test_the_sweepers_scans_read_the_index_of_leases_under_a_large_backlog():
         )
         cursor.execute("ANALYZE broker_message")
         plans = []
-        for sql, params in (
-            (LEASE_OWNERS_SQL, None),
-            (_REQUEUE_UNANSWERED_SQL, {"dead": ["w:2:1"], "overdue": 3}),
-        ):
-            cursor.execute("EXPLAIN " + sql, params)
-            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        cursor.execute("EXPLAIN " + LEASE_OWNERS_SQL)
+        plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        cursor.execute("EXPLAIN " + _REQUEUE_UNANSWERED_SQL, {"dead": ["w:2:1"], "overdue": 3})
+        plans.append("\n".join(row[0] for row in cursor.fetchall()))
 
     for plan in plans:
         assert "Seq Scan on broker_message_live" not in plan, plan
