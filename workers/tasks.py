@@ -27,6 +27,7 @@ from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
+from broker.services.live_statistics import live_statistics_refresh
 from broker.services.notify import alarms_notify_due
 from broker.services.stats import heartbeat
 from broker.services.sweeper import messages_sweep
@@ -124,6 +125,7 @@ def sweep(epoch: int | None = None) -> None:
 
 def _sweep() -> None:
     heartbeat(name="control")
+    live_statistics_refresh()
     expired = messages_expire()
     if expired:
         logger.info("sweep: %s expired message(s) moved to dead-letter queues", len(expired))
