@@ -18,7 +18,13 @@ from django.utils import timezone
 
 from broker.errors import IllegalTransition
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue, QueueMinute
-from broker.services.delivery import HEAD_CLAIM_SECONDS, _claim, queue_courier, queue_deliver
+from broker.services.delivery import (
+    HEAD_CLAIM_COST_FACTOR,
+    HEAD_CLAIM_SECONDS,
+    _claim,
+    queue_courier,
+    queue_deliver,
+)
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep, overdue_seconds
@@ -152,13 +158,50 @@ def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(
         assert courier.deliver(claim_next=True).acked == 10
         assert Message.objects.get(id=urgent).state == S.TO_BE_DELIVERED
         # ...until the next claim from the queue's head, a second after the last.
-        courier.head_claimed_at -= HEAD_CLAIM_SECONDS
+        courier.head.claimed_at -= HEAD_CLAIM_SECONDS
         assert courier.deliver(claim_next=True).acked == 10
         assert [message.id for message in courier.claimed_next] == [urgent]
         courier.deliver()
 
     assert Message.objects.get(id=urgent).state == S.DELIVERED
     assert Message.objects.filter(state=S.DELIVERED).count() == 31
+
+
+def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 30)
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        courier.deliver()
+    [urgent] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)])
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        assert courier.deliver().acked == 10
+
+    assert Message.objects.get(id=urgent).state == S.TO_BE_DELIVERED
+
+
+def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    publish(queue, 30)
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        courier.deliver()
+        [urgent] = messages_publish(
+            queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)]
+        )
+        # The last claim from the head took 0.5 s: the next one comes 5 s after it.
+        courier.head.seconds = 0.5
+        courier.head.claimed_at -= 4
+        assert courier.deliver().acked == 10
+        assert Message.objects.get(id=urgent).state == S.TO_BE_DELIVERED
+        courier.head.claimed_at -= 1
+        assert courier.deliver().acked == 10
+        # Timed again: quick, so back to once a second.
+        assert courier.head.seconds < HEAD_CLAIM_SECONDS / HEAD_CLAIM_COST_FACTOR
+
+    assert Message.objects.get(id=urgent).state == S.DELIVERED
 
 
 def test_a_resumed_claim_takes_the_rest_from_the_head_when_its_range_runs_short(db):

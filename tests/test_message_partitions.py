@@ -262,7 +262,7 @@ def test_under_an_old_transaction_a_resumed_claim_reads_past_none_of_the_deliver
             assert courier is not None
             for _ in range(25):
                 courier.deliver(claim_next=False)
-            after = courier.resume_after
+            after = courier.head.resume_after
         assert after is not None
 
         from_head = scan_blocks(CLAIM_SQL, queue, after)

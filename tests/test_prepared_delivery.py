@@ -93,8 +93,8 @@ def test_the_settle_and_claim_statement_finds_the_claimed_rows_by_key_in_a_gener
         for _ in range(8):
             courier.deliver(suspects=False, claim_next=True)
         courier.deliver(suspects=False)
-        assert courier.resume_after is not None
-        priority, after_id = courier.resume_after
+        assert courier.head.resume_after is not None
+        priority, after_id = courier.head.resume_after
 
     plan = generic_plan(
         _ACK_COUNTED_CLAIM_RESUMED_SQL,

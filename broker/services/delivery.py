@@ -63,9 +63,38 @@ from broker.services.transitions.in_flight import (
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
-# A courier's claims read on from where its last batch ended, and from the
-# queue's head at least this often (``in_flight._RESUMED_DUE``).
+# A courier's claims read on from where the last batch of its queue ended
+# (``in_flight._RESUMED_DUE``), and from the queue's head every
+# HEAD_CLAIM_SECONDS, or, when a claim from the head took long,
+# HEAD_CLAIM_COST_FACTOR times as long as it took. The head is slow to read
+# while a transaction older than the messages delivered since stays open:
+# VACUUM may remove none of their index entries, and the claim walks them
+# all (0.6 s after two minutes at 8,000 messages a second). A message of
+# higher priority published behind the point, or a retry that fell due
+# there, waits that long.
 HEAD_CLAIM_SECONDS = 1.0
+HEAD_CLAIM_COST_FACTOR = 10.0
+
+
+@dataclass
+class Head:
+    """Where a queue's claims read on from, as this process's couriers of
+    the queue hand it on: where the last batch claimed ended (priority, id),
+    when the last claim from the queue's head was made and how long it
+    took."""
+
+    resume_after: tuple[int, int] | None = None
+    claimed_at: float = -math.inf
+    seconds: float = 0.0
+
+    def due(self, now: float) -> bool:
+        """The next claim reads from the head."""
+        every = max(HEAD_CLAIM_SECONDS, HEAD_CLAIM_COST_FACTOR * self.seconds)
+        return self.resume_after is None or now - self.claimed_at >= every
+
+
+# Per queue id, in this process.
+_heads: dict[int, Head] = {}
 
 
 @dataclass
@@ -121,11 +150,8 @@ class Courier:
     handler: Handler
     # The batch the last settlement claimed (``claim_next``): the next unit.
     claimed_next: list[Claimed] = field(default_factory=list)
-    # Where the last batch claimed ended, (priority, id): the next claim
-    # reads on from there (``in_flight._RESUMED_DUE``), and from the queue's
-    # head at least every ``HEAD_CLAIM_SECONDS`` (``head_claimed_at``).
-    resume_after: tuple[int, int] | None = None
-    head_claimed_at: float = -math.inf
+    # Where the next claim of a batch reads on from (``Head``).
+    head: Head = field(default_factory=Head)
 
     def deliver(self, *, suspects: bool = True, claim_next: bool = False) -> Outcome:
         """Deliver one unit of work: TBDL -> DLNG -> DLVD, or back to TBDL for
@@ -142,10 +168,9 @@ class Courier:
             batch = _claim(queue, self.owner, suspect=True, limit=1)
             isolated = bool(batch)
         if not batch:
-            batch = _claim(
-                queue, self.owner, suspect=False, limit=queue.batch_size, after=self._after()
-            )
-            self._resume(batch)
+            after, started = self._after(), time.monotonic()
+            batch = _claim(queue, self.owner, suspect=False, limit=queue.batch_size, after=after)
+            self._claimed(batch, after, started)
         if not batch:
             return Outcome()
         outcome = Outcome(claimed=len(batch), isolated=isolated, lease_seconds=queue.lease_seconds)
@@ -153,31 +178,31 @@ class Courier:
         with bound_contextvars(queue=queue.name):
             results = [_deliver(self.handler, queue, message, isolated) for message in batch]
         # A suspect is settled alone: the next unit probes for suspects first.
+        claims = claim_next and not isolated
+        after, started = (self._after() if claims else None), time.monotonic()
         latencies, self.claimed_next = _settle(
-            queue,
-            self.owner,
-            batch,
-            results,
-            outcome,
-            claim_next=claim_next and not isolated,
-            after=self._after(),
+            queue, self.owner, batch, results, outcome, claim_next=claims, after=after
         )
-        if claim_next and not isolated:
-            self._resume(self.claimed_next)
+        if claims:
+            self._claimed(self.claimed_next, after, started)
         delivery_latency_observe(queue=queue.name, seconds=latencies)
         return outcome
 
     def _after(self) -> tuple[int, int] | None:
-        """Where the next claim of a batch resumes; None: from the queue's
-        head."""
+        """Where the next claim of a batch reads on from; None: from the
+        queue's head."""
         now = time.monotonic()
-        if self.resume_after is None or now - self.head_claimed_at >= HEAD_CLAIM_SECONDS:
-            self.head_claimed_at = now
+        if self.head.due(now):
+            self.head.claimed_at = now
             return None
-        return self.resume_after
+        return self.head.resume_after
 
-    def _resume(self, batch: list[Claimed]) -> None:
-        self.resume_after = (batch[-1].priority, batch[-1].id) if batch else None
+    def _claimed(self, batch: list[Claimed], after: tuple[int, int] | None, started: float) -> None:
+        """Note where ``batch`` ended and, for a claim from the head (no
+        ``after``), how long the statement that made it took."""
+        self.head.resume_after = (batch[-1].priority, batch[-1].id) if batch else None
+        if after is None:
+            self.head.seconds = time.monotonic() - started
 
 
 @contextmanager
@@ -196,7 +221,12 @@ def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Couri
     # further query per message.
     webhook = WebhookOptions(timeout=queue.webhook_timeout, secret=queue.webhook_secret)
     with _lease(worker or worker_name()) as owner:
-        yield Courier(queue=queue, owner=owner, handler=consumer_for(queue.consumer, webhook))
+        yield Courier(
+            queue=queue,
+            owner=owner,
+            handler=consumer_for(queue.consumer, webhook),
+            head=_heads.setdefault(queue.id, Head()),
+        )
 
 
 def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
