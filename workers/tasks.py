@@ -71,7 +71,8 @@ def _scan(name: str, run: Callable[[], None]) -> None:
     try:
         run()
     finally:
-        _rest_until[name] = time.monotonic() + SCAN_REST_FACTOR * (time.monotonic() - started)
+        ended = time.monotonic()
+        _rest_until[name] = ended + SCAN_REST_FACTOR * (ended - started)
 
 
 def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
