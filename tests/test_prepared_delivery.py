@@ -14,7 +14,7 @@ from broker.models import Message, MessageState
 from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.transitions.in_flight import _ACK_COUNTED_CLAIM_RESUMED_SQL
+from broker.services.transitions.in_flight import _ACK_COUNTED_CLAIM_RESUMED_SQL, CLAIM_RESUMED_SQL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,3 +136,52 @@ def generic_plan(sql: str, values: dict[str, Any]) -> str:
             return "\n".join(row[0] for row in cursor.fetchall())
         finally:
             cursor.execute("RESET plan_cache_mode")
+
+
+@pytest.fixture
+def no_autovacuum():
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE broker_message_live SET (autovacuum_enabled = false)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE broker_message_live RESET (autovacuum_enabled)")
+
+
+def test_a_courier_reads_on_in_index_order_when_the_planner_expects_few_waiting(db, no_autovacuum):
+    """The planner's count and histogram of ids come from a time with few
+    messages, spread over many ids; 30,000 have been published since. Past
+    a claim's point it expects 2 and would gather all 30,000 with a bitmap
+    scan and sort them; a courier's session plans without bitmap scans and
+    reads an index in its order, stopping at the batch."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=100)
+    for _ in range(50):
+        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 100)] * 1000)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM broker_message WHERE id % 300 <> 0")
+        cursor.execute("VACUUM ANALYZE broker_message_live")
+        cursor.execute("SELECT max(id) FROM broker_message")
+        [(last,)] = cursor.fetchall()
+    for _ in range(30):
+        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 100)] * 1000)
+    values = {
+        "queue_id": queue.id,
+        "owner": "test:1:1",
+        "lease_seconds": 30,
+        "limit": 100,
+        "after_priority": 4,
+        "after_id": last + 1000,
+    }
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN " + CLAIM_RESUMED_SQL, values)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_bitmapscan")
+        [(after_the_courier,)] = cursor.fetchall()
+
+    assert "Bitmap" not in plan, plan
+    assert "Sort" not in plan, plan
+    # The session's own setting is back once the courier is done.
+    assert after_the_courier == "on"
