@@ -243,3 +243,14 @@ def django_db_setup(django_db_setup: None, django_db_blocker: DjangoDbBlocker) -
         with connection.cursor() as cursor:
             cursor.execute(statement)
         connections.close_all()
+
+
+@pytest.fixture
+def live_partition_without_autovacuum(db: None) -> Iterator[None]:
+    """Autovacuum stays off the live partition, so that it cannot analyze
+    it while a test publishes: the test sets the planner's count itself."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE broker_message_live SET (autovacuum_enabled = false)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE broker_message_live RESET (autovacuum_enabled)")

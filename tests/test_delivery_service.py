@@ -143,6 +143,12 @@ def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_togeth
     assert Message.objects.filter(state=S.DELIVERED).count() == 4
 
 
+def publish_urgent() -> int:
+    """One message of the highest priority on queue Q."""
+    [urgent] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)])
+    return urgent
+
+
 def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
     publish(queue, 30)
@@ -150,9 +156,7 @@ def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
         courier.deliver()
-        [urgent] = messages_publish(
-            queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)]
-        )
+        urgent = publish_urgent()
         # Read on from the last batch: the message of higher priority,
         # published behind that point, waits...
         assert courier.deliver(claim_next=True).acked == 10
@@ -173,7 +177,7 @@ def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(db):
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
         courier.deliver()
-    [urgent] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)])
+    urgent = publish_urgent()
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
@@ -188,9 +192,7 @@ def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(db):
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
         courier.deliver()
-        [urgent] = messages_publish(
-            queue_name="Q", messages=[NewMessage(payload=b"{}", priority=9)]
-        )
+        urgent = publish_urgent()
         # The last claim from the head took 0.5 s: the next one comes 5 s after it.
         courier.head.seconds = 0.5
         courier.head.claimed_at -= 4

@@ -14,18 +14,10 @@ from broker.services.queues import queue_create
 from broker.services.transitions.in_flight import ACK_SQL
 from workers.tasks import sweep
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def no_autovacuum():
-    """Autovacuum, which may analyze the partition while a test publishes,
-    stays off it: the tests set the planner's count themselves."""
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE broker_message_live SET (autovacuum_enabled = false)")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE broker_message_live RESET (autovacuum_enabled)")
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("live_partition_without_autovacuum"),
+]
 
 
 def planned_rows() -> float:

@@ -138,16 +138,9 @@ def generic_plan(sql: str, values: dict[str, Any]) -> str:
             cursor.execute("RESET plan_cache_mode")
 
 
-@pytest.fixture
-def no_autovacuum():
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE broker_message_live SET (autovacuum_enabled = false)")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE broker_message_live RESET (autovacuum_enabled)")
-
-
-def test_a_courier_reads_on_in_index_order_when_the_planner_expects_few_waiting(db, no_autovacuum):
+def test_a_courier_reads_on_in_index_order_when_the_planner_expects_few_waiting(
+    db, live_partition_without_autovacuum
+):
     """The planner's count and histogram of ids come from a time with few
     messages, spread over many ids; 30,000 have been published since. Past
     a claim's point it expects 2 and would gather all 30,000 with a bitmap
