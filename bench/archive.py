@@ -70,7 +70,7 @@ RETURNING id
 """
 LEFT_SQL = """
 SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %(queue)s),
-       (SELECT sum(count) FROM broker_queuedepth WHERE queue_id = %(queue)s)
+       (SELECT sum(count) FROM broker_queuedepth_current WHERE queue_id = %(queue)s)
 """
 CHUNKS_SQL = """
 SELECT name, status, rows, created_at, deleted_at FROM broker_archivechunk ORDER BY id

@@ -97,7 +97,7 @@ ISOLATION_POLL_SECONDS = 0.05
 # No message of the case changing state for this long is a stall.
 ISOLATION_STALL_SECONDS = 30.0
 
-DEPTH_SQL = "SELECT state, count FROM broker_queuedepth WHERE queue_id = %s"
+DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
 OUTCOME_SQL = """
 SELECT count(*) FILTER (WHERE state = 'DLVD'), count(*) FILTER (WHERE attempts > 1), count(*)
 FROM broker_message WHERE queue_id = %s

@@ -259,7 +259,7 @@ def verify(queue: QueueRef, expected: int, path: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %s),"
-            " (SELECT count FROM broker_queuedepth WHERE queue_id = %s AND state = 'TBDL')",
+            " (SELECT count FROM broker_queuedepth_current WHERE queue_id = %s AND state = 'TBDL')",
             [queue.id, queue.id],
         )
         row = cursor.fetchone()

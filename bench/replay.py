@@ -102,7 +102,7 @@ WHERE m.queue_id = %(dlq)s AND m.state = 'TBDL'
 """
 COUNTS_SQL = """
 SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %(queue)s),
-       (SELECT count FROM broker_queuedepth WHERE queue_id = %(queue)s AND state = 'TBDL'),
+       (SELECT count FROM broker_queuedepth_current WHERE queue_id = %(queue)s AND state = 'TBDL'),
        (SELECT count(*) FROM broker_message WHERE queue_id = %(dlq)s AND state = 'TBDL')
 """
 RESET_SQL = (
@@ -113,7 +113,7 @@ RESET_SQL = (
 )
 VACUUM_SQL = (
     "VACUUM ANALYZE broker_message, broker_replayedmessage, broker_replayjob,"
-    " broker_replaystage, broker_queuedepth"
+    " broker_replaystage, broker_queuedepth, broker_queuedepthdelta"
 )
 # What the other backends of the bench database are busy with.
 ACTIVITY_SQL = """

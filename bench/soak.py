@@ -133,7 +133,7 @@ FROM tree AS t
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid
 ORDER BY t.level, t.relid::regclass::text
 """
-DEPTH_SQL = "SELECT state, count FROM broker_queuedepth WHERE queue_id = %s"
+DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
 # The sampled messages acked so far, looked up by primary key. ``state =
 # 'DLVD'`` prunes a partitioned table to its delivered partition. The times
 # are the publish's and the ack's transaction now() (see ACK_SQL).

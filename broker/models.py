@@ -200,13 +200,13 @@ class Queue(models.Model):
 
 
 class QueueDepth(models.Model):
-    """How many messages of a queue are in one state.
+    """How many messages of a queue were in one state when the sweeper last
+    folded the changes in (``QueueDepthDelta``).
 
-    Maintained inside the same transaction as every insert, update and
-    delete of messages by statement-level triggers (migration 0002), so the
-    dashboard and depth limits read a handful of rows instead of counting
-    the message table. One row per (queue, state) that has ever held a
-    message.
+    The depth now is this count plus the queue's changes not yet folded: the
+    view ``broker_queuedepth_current`` adds them up, and every reader reads
+    it (``broker.selectors.queue_depths``). One row per (queue, state), made
+    with the queue.
     """
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="depths")
@@ -221,6 +221,36 @@ class QueueDepth(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id} {self.state}: {self.count}"
+
+
+class QueueDepthDelta(models.Model):
+    """A change of a queue's message count in one state, written by the
+    statement-level triggers on broker_message (migrations 0002 and 0014) in
+    the same transaction as the change: one row per queue and state that a
+    statement changed. Rows are only ever inserted here, then folded into
+    ``QueueDepth`` and deleted by the sweeper (``broker.services.counters``).
+
+    Why not update ``QueueDepth`` at once: every claim, ack and publish of a
+    queue would update the same few rows. Each update locks its row until
+    the transaction commits, so the delivery processes of a queue wait on
+    one another, and each leaves a row version behind. While a transaction
+    stays open, VACUUM may remove none of those versions, and each update
+    has to walk past all of them: after three minutes at 10,000 messages/s
+    an update took a millisecond, waits included several. An insert locks
+    nothing and finds nothing in its way.
+
+    No foreign key and no index: nothing looks a single row up, the fold
+    reads them all, and a queue's deletion leaves its rows to the next fold.
+    """
+
+    queue = models.ForeignKey(
+        Queue, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    state = models.CharField(max_length=4, choices=MessageState.choices)
+    n = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.state}: {self.n:+d}"
 
 
 class Topic(models.Model):
@@ -561,10 +591,10 @@ class BulkJob(models.Model):
 
 
 class QueueMinute(models.Model):
-    """What happened on one queue in one minute: the dashboard's last-hour
-    chart, and (added up in ``QueueTotal`` by the same statement) the
-    counters /metrics exposes. Written by ``broker.services.stats.minute_count``
-    only, once per settled batch, publish or sweep."""
+    """What happened on one queue in one minute, as far as the sweeper has
+    folded it in from ``QueueCountDelta``: the dashboard's last-hour chart
+    reads it with the changes not folded yet (the view
+    ``broker_queueminute_current``)."""
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="minutes")
     minute = models.DateTimeField()
@@ -602,9 +632,10 @@ class QueueMinute(models.Model):
 
 class QueueTotal(models.Model):
     """Every ``QueueMinute`` counter of a queue added up since the queue was
-    created: what /metrics reads (one row per queue, whatever the history).
-    Kept by the statement that writes ``QueueMinute``
-    (``broker.services.stats.minute_count``), so the two never disagree."""
+    created, one row per queue whatever the history: what /metrics reads,
+    with the changes not folded yet (the view ``broker_queuetotal_current``).
+    The fold that adds a ``QueueCountDelta`` to a minute adds it here in the
+    same statement, so the two never disagree."""
 
     queue = models.OneToOneField(
         Queue, on_delete=models.CASCADE, primary_key=True, related_name="total"
@@ -622,6 +653,33 @@ class QueueTotal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id}: {self.published} published, {self.delivered} delivered"
+
+
+class QueueCountDelta(models.Model):
+    """What one statement did on a queue in one minute (see ``QueueMinute``
+    for each counter), written by ``broker.services.stats`` with the change
+    it counts. Inserted only, then folded into ``QueueMinute`` and
+    ``QueueTotal`` and deleted by the sweeper, for the reasons
+    ``QueueDepthDelta`` gives: the settle of every batch and every publish
+    would otherwise update the queue's same two rows."""
+
+    queue = models.ForeignKey(
+        Queue, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    minute = models.DateTimeField()
+    published = models.IntegerField(db_default=0)
+    delivered = models.IntegerField(db_default=0)
+    failed = models.IntegerField(db_default=0)
+    poisoned = models.IntegerField(db_default=0)
+    handler_errors = models.IntegerField(db_default=0)
+    crashed = models.IntegerField(db_default=0)
+    timed_out = models.IntegerField(db_default=0)
+    dead_lettered = models.IntegerField(db_default=0)
+    blacklisted = models.IntegerField(db_default=0)
+    discarded = models.IntegerField(db_default=0)
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.minute:%H:%M}: +{self.published} published, +{self.delivered} delivered"
 
 
 class DeadLetterActionTotal(models.Model):

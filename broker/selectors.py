@@ -20,7 +20,6 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
-    Sum,
     Value,
 )
 from django.db.models.fields.json import KeyTextTransform
@@ -38,9 +37,7 @@ from broker.models import (
     NodeRole,
     PoisonAlarm,
     Queue,
-    QueueDepth,
     QueueKind,
-    QueueMinute,
     QueueTotal,
     RuleTable,
     RuleTableStatus,
@@ -119,10 +116,13 @@ def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     ids = list(queue_ids)
     for queue_id in ids:
         depths[queue_id]
-    for queue_id, state, count in QueueDepth.objects.filter(queue_id__in=ids).values_list(
-        "queue_id", "state", "count"
-    ):
-        depths[queue_id][state] = count
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT queue_id, state, count FROM broker_queuedepth_current WHERE queue_id = ANY(%s)",
+            [ids],
+        )
+        for queue_id, state, count in cursor.fetchall():
+            depths[queue_id][state] = count
     return dict(depths)
 
 
@@ -193,7 +193,7 @@ SELECT q.id, q.lease_seconds, q.batch_size, d.count,
         WHERE s.queue_id = q.id AND s.state = 'TBDL' AND s.suspect
           AND s.available_at <= now())
 FROM broker_queue AS q
-JOIN broker_queuedepth AS d ON d.queue_id = q.id AND d.state = 'TBDL'
+JOIN broker_queuedepth_current AS d ON d.queue_id = q.id AND d.state = 'TBDL'
 CROSS JOIN LATERAL (
     SELECT 1 FROM broker_message AS m
     WHERE m.queue_id = q.id AND m.state = 'TBDL' AND m.available_at <= now()
@@ -369,12 +369,16 @@ def last_hour() -> list[MinuteCounts]:
     minutes, oldest first, minutes without any as zeros."""
     now = timezone.now().replace(second=0, microsecond=0)
     first = now - timedelta(minutes=59)
-    rows = {
-        row["minute"]: row
-        for row in QueueMinute.objects.filter(minute__gte=first)
-        .values("minute")
-        .annotate(delivered=Sum("delivered"), failed=Sum("failed"))
-    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT minute, sum(delivered), sum(failed) FROM broker_queueminute_current"
+            " WHERE minute >= %s GROUP BY minute",
+            [first],
+        )
+        rows = {
+            minute: {"delivered": delivered, "failed": failed}
+            for minute, delivered, failed in cursor.fetchall()
+        }
     slots = [first + timedelta(minutes=n) for n in range(60)]
     return [
         MinuteCounts(
@@ -463,7 +467,13 @@ def queue_counts() -> list[QueueCounts]:
     depth counters, totals), one row each per queue or state."""
     queues = list(Queue.objects.order_by("name").values_list("id", "name"))
     depths = queue_depths(queue_ids=[queue_id for queue_id, _ in queues])
-    totals = {row["queue_id"]: row for row in QueueTotal.objects.values("queue_id", *QUEUE_TOTALS)}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT queue_id, {', '.join(QUEUE_TOTALS)} FROM broker_queuetotal_current"  # noqa: S608
+        )
+        totals = {
+            row[0]: dict(zip(QUEUE_TOTALS, row[1:], strict=True)) for row in cursor.fetchall()
+        }
     zeros = dict.fromkeys(QUEUE_TOTALS, 0)
     return [
         QueueCounts(

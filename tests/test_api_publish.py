@@ -204,7 +204,7 @@ def test_the_depth_counters_match_the_rows_after_publishing(operator_api, orders
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count FROM broker_queuedepth WHERE queue_id = %s AND state = 'TBDL'",
+            "SELECT count FROM broker_queuedepth_current WHERE queue_id = %s AND state = 'TBDL'",
             [orders.id],
         )
         assert cursor.fetchone() == (7,)

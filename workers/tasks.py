@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from celery import Task
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.dispatch import receiver
 from prometheus_client import Gauge
 
@@ -25,6 +25,7 @@ from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob
 from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.bulk import bulk_job_run
+from broker.services.counters import counters_fold
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import queue_courier, task_time_limit
 from broker.services.live_statistics import live_statistics_refresh
@@ -149,6 +150,10 @@ def sweep(epoch: int | None = None) -> None:
 
 def _sweep() -> None:
     heartbeat(name="control")
+    try:
+        counters_fold()
+    except DatabaseError:  # the counters stay exact unfolded: sweep on
+        logger.exception("sweep: could not fold the counters' changes")
     live_statistics_refresh()
     _scan("sweep", _sweep_messages)
 

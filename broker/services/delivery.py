@@ -311,7 +311,7 @@ def _settle(
     after: tuple[int, int] | None = None,
 ) -> tuple[list[float], list[Claimed]]:
     """Record every answer of the batch, and count them on the queue's
-    per-minute and total rows, in one transaction: a batch acknowledged
+    per-minute counts, in one transaction: a batch acknowledged
     whole is one statement (one commit), which with ``claim_next`` also
     claims the queue's next batch (resumed ``after``, as ``messages_claim``).
     Returns the publish-to-ack seconds of each message acknowledged, and the
@@ -334,8 +334,6 @@ def _settle(
             dead[message.id] = DeadLetterCause("handler_error", _describe(error))
             answers.append((message, error, "dead-lettered (handler_error)"))
     with transaction.atomic() if answers else nullcontext():
-        # First: it counts the batch, and the counter rows are taken before
-        # the depth counters (minute_count_ctes).
         claimed: list[Claimed] = []
         if claim_next:
             latencies, claimed = messages_ack_counted_and_claim(

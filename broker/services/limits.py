@@ -70,7 +70,7 @@ def measure(queue_ids: Iterable[int]) -> dict[int, int]:
     ids = sorted(set(queue_ids))
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT queue_id, sum(count) FROM broker_queuedepth"
+            "SELECT queue_id, sum(count) FROM broker_queuedepth_current"
             " WHERE queue_id = ANY(%s) AND state IN ('TBDL', 'DLNG') GROUP BY queue_id",
             [ids],
         )

@@ -33,7 +33,7 @@ UNDERCOUNT = 4
 # but DLVD lives in the live partition.
 _COUNTS_SQL = """
 SELECT c.reltuples,
-       (SELECT coalesce(sum(d.count), 0) FROM broker_queuedepth AS d WHERE d.state <> 'DLVD')
+       (SELECT coalesce(sum(d.count), 0) FROM broker_queuedepth_current AS d WHERE d.state <> 'DLVD')
 FROM pg_class AS c WHERE c.oid = 'broker_message_live'::regclass
 """
 

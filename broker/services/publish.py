@@ -24,7 +24,7 @@ from broker.errors import (
 )
 from broker.models import MessageState, Queue, Topic
 from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
-from broker.services.stats import minute_count_on_commit
+from broker.services.stats import minute_count
 from broker.signals import messages_available
 from broker.topic_grammar import TopicError, is_under, topic_levels, topic_matches
 
@@ -274,7 +274,7 @@ def _publish(
         }
         discard_excess(limited)
         for target in targets:
-            minute_count_on_commit(queue_id=target.queue.id, published=len(messages))
+            minute_count(queue_id=target.queue.id, published=len(messages))
             messages_available.send(sender=Queue, queue=target.queue, count=len(messages))
     return written
 

@@ -9,7 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
-from broker.models import MessageState, Queue, QueueDepth, QueueKind
+from broker.models import MessageState, Queue, QueueKind
+from broker.selectors import queue_depths
 from broker.services.audit import Actor, audit_record
 from broker.services.transitions.discards import messages_purge_waiting
 
@@ -141,11 +142,8 @@ def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
 
 
 def _refuse_if_live(queue: Queue, what: str) -> None:
-    live = sum(
-        QueueDepth.objects.filter(queue=queue, state__in=LIVE_STATES).values_list(
-            "count", flat=True
-        )
-    )
+    depth = queue_depths(queue_ids=[queue.id])[queue.id]
+    live = sum(depth[state] for state in LIVE_STATES)
     if live:
         raise QueueNotEmpty(
             f"{queue.name} still holds {live} waiting, in-flight or blacklisted "

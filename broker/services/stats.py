@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 
 from broker.models import Heartbeat, Queue
@@ -27,52 +27,31 @@ COUNTERS = (
 
 
 _COLUMNS = ", ".join(COUNTERS)
-_ADDED = ", ".join(f"{name} = t.{name} + EXCLUDED.{name}" for name in COUNTERS)
 _PARAMS = ", ".join(f"%({name})s::int" for name in COUNTERS)
 
-# One row per queue and minute, and one per queue for all time, in one
-# statement: the minute first (the total reads its RETURNING), so every
-# writer locks the two rows in the same order. Concurrent batches add to the
-# same rows; run outside a batch's transaction (or after it committed:
-# ``minute_count_on_commit``) so the rows are locked for one statement only.
-# A delivery unit's settlement is the one exception: it counts in its own
-# first statement (``minute_count_ctes``), so a batch is one commit.
+# A change of a queue's counts is one inserted row (``QueueCountDelta``),
+# which the sweeper folds into its minute and its totals
+# (``broker.services.counters``): a count locks no row and waits for no
+# other writer, so it may be written inside any transaction.
 _COUNT_SQL = f"""
-WITH minute AS (
-    INSERT INTO broker_queueminute AS t (queue_id, minute, {_COLUMNS})
-    VALUES (%(queue_id)s, date_trunc('minute', now()), {_PARAMS})
-    ON CONFLICT (queue_id, minute) DO UPDATE SET {_ADDED}
-    RETURNING t.queue_id
-)
-INSERT INTO broker_queuetotal AS t (queue_id, {_COLUMNS})
-SELECT minute.queue_id, {_PARAMS} FROM minute
-ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
+INSERT INTO broker_queuecountdelta (queue_id, minute, {_COLUMNS})
+VALUES (%(queue_id)s, date_trunc('minute', now()), {_PARAMS})
 """  # noqa: S608
 
 
 def minute_count_ctes(**values: str) -> str:
-    """``_COUNT_SQL`` as two CTEs (``minute``, ``total``) for a statement that
-    counts what it does itself: each counter named in ``values`` takes that SQL
-    expression (it may read the statement's other CTEs or parameters), the
-    others 0, and ``%(queue_id)s`` names the queue. Nothing is written when
-    every counter is 0. A statement that moves messages takes these rows
-    before its depth-counter trigger takes the queue's depth rows, so a
-    transaction that counts this way must do it in its first statement that
-    moves messages: every writer that holds both then takes them in that
-    order (the others count after their commit), and none can deadlock."""
+    """``_COUNT_SQL`` as a CTE (``minute_counts``) for a statement that
+    counts what it does itself: each counter named in ``values`` takes that
+    SQL expression (it may read the statement's other CTEs or parameters),
+    the others 0, and ``%(queue_id)s`` names the queue. Nothing is written
+    when every counter is 0."""
     listed = ", ".join(values.get(name, "0") for name in COUNTERS)
     return f"""
-minute AS (
-    INSERT INTO broker_queueminute AS t (queue_id, minute, {_COLUMNS})
+minute_counts AS (
+    INSERT INTO broker_queuecountdelta (queue_id, minute, {_COLUMNS})
     SELECT %(queue_id)s, date_trunc('minute', now()), {listed}
     WHERE {" + ".join(values.values())} > 0
-    ON CONFLICT (queue_id, minute) DO UPDATE SET {_ADDED}
-    RETURNING t.queue_id
-), total AS (
-    INSERT INTO broker_queuetotal AS t (queue_id, {_COLUMNS})
-    SELECT minute.queue_id, {listed} FROM minute
-    ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
-)"""  # noqa: S608
+)"""
 
 
 def minute_count(
@@ -107,16 +86,6 @@ def minute_count(
     if any(counts.values()):
         with connection.cursor() as cursor:
             cursor.execute(_COUNT_SQL, {"queue_id": queue_id, **counts})
-
-
-def minute_count_on_commit(*, queue_id: int, **counts: int) -> None:
-    """``minute_count`` once the caller's transaction has committed (at once
-    outside one): a rolled-back change counts nothing, and the counter rows
-    are never held for the rest of a transaction that locks messages."""
-    if any(counts.values()):
-        # A closure, not functools.partial: a robust hook that fails is logged
-        # by its __qualname__, which a partial lacks.
-        transaction.on_commit(lambda: minute_count(queue_id=queue_id, **counts), robust=True)
 
 
 def queue_ids_by_name(names: Iterable[str]) -> dict[str, int]:

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from broker.errors import IllegalTransition, QueueNotFound
 from broker.models import Message, Queue, QueueKind
 from broker.services.audit import Actor, audit_record
-from broker.services.stats import minute_count_on_commit
+from broker.services.stats import minute_count
 from broker.services.transitions.table import Transition, guard, refuse
 from broker.signals import messages_available
 
@@ -89,7 +89,7 @@ def messages_discard(*, message_ids: Sequence[int]) -> list[int]:
         cursor.execute(_DISCARD_SQL, {"ids": list(message_ids)})
         rows = cursor.fetchall()
     for queue_id, count in Counter(queue_id for _, queue_id in rows).items():
-        minute_count_on_commit(queue_id=queue_id, discarded=count)
+        minute_count(queue_id=queue_id, discarded=count)
     return [message_id for message_id, _ in rows]
 
 

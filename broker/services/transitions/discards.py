@@ -11,7 +11,7 @@ from django.db import connection
 
 from broker.models import Queue
 from broker.services.audit import AuditEntry, audit_record_many
-from broker.services.stats import minute_count_on_commit
+from broker.services.stats import minute_count
 from broker.services.transitions.headers import dead_letter_header
 from broker.services.transitions.table import Transition, guard
 
@@ -107,9 +107,9 @@ def messages_discard_old(
         )
     )
     if to_dead_letter:
-        minute_count_on_commit(queue_id=queue.id, dead_lettered=len(ids))
+        minute_count(queue_id=queue.id, dead_lettered=len(ids))
     else:
-        minute_count_on_commit(queue_id=queue.id, discarded=len(ids))
+        minute_count(queue_id=queue.id, discarded=len(ids))
     return ids
 
 

@@ -29,7 +29,7 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from broker.models import MAX_SUSPECT_DELAY_SECONDS, Message
-from broker.services.stats import minute_count_ctes, minute_count_on_commit, queue_ids_by_name
+from broker.services.stats import minute_count, minute_count_ctes, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
 from broker.services.transitions.table import Transition, guard
@@ -141,10 +141,10 @@ WITH {_ACK_CTES}
 SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 """  # noqa: S608
 
-# The ack that also counts the delivery unit on its queue's per-minute and
-# total rows (delivered: the rows it acknowledged; handler_errors: a
-# parameter), in one statement: outside a transaction, one commit settles a
-# batch its consumer acknowledged whole.
+# The ack that also counts the delivery unit on its queue (delivered: the
+# rows it acknowledged; handler_errors: a parameter), in one statement:
+# outside a transaction, one commit settles a batch its consumer
+# acknowledged whole.
 _ACK_COUNTED_SQL = f"""
 WITH {_ACK_CTES}, {
     minute_count_ctes(
@@ -383,9 +383,8 @@ def messages_ack_counted(
 ) -> list[float]:
     """As ``messages_ack_latencies``, and in the same statement adds the
     messages acknowledged (delivered) and ``handler_errors`` to the queue's
-    per-minute and total counts (``broker.services.stats.minute_count``).
-    Outside a transaction it commits at once; in one, it must be its first
-    statement that moves messages (``minute_count_ctes`` says why)."""
+    per-minute counts (``broker.services.stats.minute_count``). Outside a
+    transaction it commits at once."""
     with _prepared_cursor() as cursor:
         cursor.execute(
             _ACK_COUNTED_SQL,
@@ -413,8 +412,7 @@ def messages_ack_counted_and_claim(
     """``messages_ack_counted`` and, in the same statement, ``messages_claim``
     of up to ``limit`` due messages of the queue (no suspects; ``after`` as
     there) under the same lease. Returns the ack's latencies and the
-    messages claimed. Outside a transaction it commits at once; in one, the
-    same rule as ``messages_ack_counted``."""
+    messages claimed. Outside a transaction it commits at once."""
     with _prepared_cursor() as cursor:
         cursor.execute(
             _ACK_COUNTED_CLAIM_SQL if after is None else _ACK_COUNTED_CLAIM_RESUMED_SQL,
@@ -501,7 +499,7 @@ def dead_letter_locked(
         cursor.execute(_DEAD_LETTER_SQL, {"rows": json.dumps(moves)})
         moved_from = Counter(queue_name for _, queue_name, target, *_ in rows if target is not None)
         for name, queue_id in queue_ids_by_name(moved_from).items():
-            minute_count_on_commit(queue_id=queue_id, dead_lettered=moved_from[name])
+            minute_count(queue_id=queue_id, dead_lettered=moved_from[name])
     return sorted([move["id"] for move in moves] + messages_quarantine(reasons=nowhere))
 
 
