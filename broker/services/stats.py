@@ -11,7 +11,10 @@ from django.db.models.functions import Now
 
 from broker.models import Heartbeat, Queue
 
-# What QueueMinute and QueueTotal count, in column order.
+# What QueueMinute and QueueTotal count, in column order. A new counter is a
+# column of QueueMinute, QueueTotal and QueueCountDelta, and a migration that
+# recreates the views broker_queueminute_current and broker_queuetotal_current
+# (migration 0014) with it.
 COUNTERS = (
     "published",
     "delivered",
