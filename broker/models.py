@@ -235,9 +235,10 @@ class QueueDepthDelta(models.Model):
     the transaction commits, so the delivery processes of a queue wait on
     one another, and each leaves a row version behind. While a transaction
     stays open, VACUUM may remove none of those versions, and each update
-    has to walk past all of them: after three minutes at 10,000 messages/s
-    an update took a millisecond, waits included several. An insert locks
-    nothing and finds nothing in its way.
+    has to walk past all of them: three minutes into one, at 9,600 messages
+    a second, an update took 0.8-1.0 ms instead of 0.1, and a quarter of the
+    time a settle statement was waiting for another one's lock on these
+    rows. An insert locks nothing and finds nothing in its way.
 
     No foreign key and no index: nothing looks a single row up, the fold
     reads them all, and a queue's deletion leaves its rows to the next fold.
