@@ -178,7 +178,9 @@ TARGETS = (
     Target("bare", 100, 0.6),
     Target("bare", 10, 0.5),
     Target("pgmq", 100, 1.2),
+    # PgQueuer is judged at both batch sizes the bare loop is.
     Target("pgqueuer", 100, 2.0),
+    Target("pgqueuer", 10, 2.0),
     Target("procrastinate", None, 20.0),
     Target("celery-redis", None, 5.0),
 )

@@ -149,6 +149,7 @@ RESULTS = [
     result("bare", 10, 2500.0),
     result("pgmq", 100, 4000.0),
     result("pgqueuer", 100, 3500.0),
+    result("pgqueuer", 10, 400.0),
     result("procrastinate", None, 200.0),
     result("celery-redis", None, 1500.0),
 ]
@@ -221,6 +222,8 @@ def test_targets_are_lazaretto_over_the_peer() -> None:
     assert targets["lazaretto_vs_pgmq_100"]["verdict"] == "PASS"
     assert targets["lazaretto_vs_pgqueuer_100"]["ratio"] == pytest.approx(1.714, abs=0.001)
     assert targets["lazaretto_vs_pgqueuer_100"]["verdict"] == "MISS"
+    assert targets["lazaretto_vs_pgqueuer_10"]["ratio"] == 2.5
+    assert targets["lazaretto_vs_pgqueuer_10"]["verdict"] == "PASS"
     assert targets["lazaretto_vs_procrastinate"]["ratio"] == 30.0
     assert targets["lazaretto_vs_procrastinate"]["verdict"] == "PASS"
     assert targets["lazaretto_vs_celery_redis"]["ratio"] == 4.0
