@@ -13,7 +13,9 @@ the counters were.
 import django.db.models.deletion
 from django.db import migrations, models
 
-# QueueMinute's and QueueTotal's counters, in column order.
+# QueueMinute's and QueueTotal's counters, in column order: a copy of
+# broker.services.stats.COUNTERS as it stood, since a migration must not
+# change when that list does (a new counter recreates the views in its own).
 COUNTERS = (
     "published",
     "delivered",
