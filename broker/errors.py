@@ -6,6 +6,9 @@ from __future__ import annotations
 
 class BrokerError(Exception):
     code = "broker_error"
+    # Seconds after which a retry may succeed (the Retry-After header), for
+    # errors that pass by themselves.
+    retry_after: int | None = None
 
     def __init__(self, detail: str, *, field_errors: dict[str, list[str]] | None = None) -> None:
         super().__init__(detail)
@@ -178,3 +181,4 @@ class StoreUnavailable(BrokerError):
     failover or a switchover is under way. Retrying shortly succeeds."""
 
     code = "store_unavailable"
+    retry_after = 2

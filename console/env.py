@@ -72,7 +72,7 @@ def env_database(name: str) -> dict[str, Any]:
         raise _bad(name, url, f"a postgres:// URL ({error})") from error
     if not config.get("NAME"):
         raise _bad(name, url, "a URL that names the database")
-    config["ENGINE"] = "django.db.backends.postgresql"
+    config["ENGINE"] = "broker.store"
     return config
 
 

@@ -10,13 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 
+from broker.errors import StoreUnavailable
 from broker.ha.guard import refusal
+from broker.store.deadline import limit
 from console.api.errors import DATABASE_ERRORS, error_body
 
 REFUSED = 503
+
+
+class StoreDeadlineMiddleware:
+    """A request waits on the store for LAZARETTO_STORE_TIMEOUT_SECONDS at
+    most, all its statements together: past that it fails with
+    ``store_unavailable`` (a frozen or cut-off server) instead of holding
+    the web process's thread."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with limit(total=settings.LAZARETTO_STORE_TIMEOUT_SECONDS, what="a web request"):
+            return self.get_response(request)
 
 
 class HaRefusalMiddleware:
@@ -33,5 +51,15 @@ class HaRefusalMiddleware:
         if error is None:
             return None
         if request.path.startswith("/api/"):
-            return JsonResponse(error_body(error.code, error.detail), status=REFUSED)
-        return render(request, "503.html", {"error": error}, status=REFUSED)
+            response: HttpResponse = JsonResponse(
+                error_body(error.code, error.detail), status=REFUSED
+            )
+        elif isinstance(error, StoreUnavailable):
+            # Without the request: its context (the user, the pair's banner)
+            # would ask the store again.
+            response = HttpResponse(render_to_string("503.html", {"error": error}), status=REFUSED)
+        else:
+            response = render(request, "503.html", {"error": error}, status=REFUSED)
+        if error.retry_after is not None:
+            response["Retry-After"] = str(error.retry_after)
+        return response

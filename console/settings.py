@@ -98,6 +98,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "console.middleware.StoreDeadlineMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -329,6 +330,28 @@ HA_DISCOVERY_TIMEOUT = env_float("HA_DISCOVERY_TIMEOUT", 30.0)
 HA_STARTUP_MODE = env_choice("HA_STARTUP_MODE", "auto", ("auto", "standalone"))
 # Signs the nodes' heartbeats and commands; blank: derived from SECRET_KEY.
 HA_SECRET = env_str("HA_SECRET", "")
+
+# No caller waits on a dead or frozen server (broker.store.deadline): a web
+# request's waits on the store end after this many seconds together, and each
+# of a worker's waits after this many seconds, with `store_unavailable`; the
+# server stops the abandoned statement within a second. The TCP settings find
+# a dead peer or a cut link within the same time, and a server that does not
+# let a session in within `connect_timeout` is passed over for the next host
+# of a multi-host DATABASE_URL.
+LAZARETTO_STORE_TIMEOUT_SECONDS = env_float(
+    "LAZARETTO_STORE_TIMEOUT_SECONDS", HA_HEARTBEAT_TIMEOUT, minimum=1.0
+)
+DATABASES["default"]["OPTIONS"] = {
+    "connect_timeout": 2,
+    "keepalives": 1,
+    "keepalives_idle": max(1, int(LAZARETTO_STORE_TIMEOUT_SECONDS / 3)),
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": int(LAZARETTO_STORE_TIMEOUT_SECONDS * 1000),
+    "options": "-c client_connection_check_interval=1000",
+    # What DATABASE_URL says wins.
+    **DATABASES["default"]["OPTIONS"],
+}
 
 # The primary's duties: the node that is primary sends these as Celery tasks,
 # each carrying the pair's epoch (`celery beat` can send the same schedule

@@ -70,6 +70,20 @@ def no_banner_in_json(instance: Any = None, **kwargs: Any) -> None:
         instance.quiet = True
 
 
+@signals.worker_init.connect
+@signals.worker_process_init.connect
+def bound_store_waits(**kwargs: Any) -> None:
+    """Each of a worker's waits on the store ends after
+    LAZARETTO_STORE_TIMEOUT_SECONDS (broker.store.deadline): a task on a
+    frozen or cut-off server fails instead of holding the process, and the
+    next one connects to wherever the read-write server is now."""
+    from django.conf import settings
+
+    from broker.store.deadline import limit_every_wait
+
+    limit_every_wait(settings.LAZARETTO_STORE_TIMEOUT_SECONDS, "a worker's statement")
+
+
 @signals.worker_process_shutdown.connect
 def forget_process_metrics(pid: int | None = None, **kwargs: Any) -> None:
     """A prefork child's live metrics go with it (multiprocess mode)."""

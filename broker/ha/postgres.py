@@ -29,6 +29,8 @@ from psycopg import pq, sql
 from psycopg.abc import Query
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from broker.store.deadline import StoreConnection, limit
+
 logger = logging.getLogger(__name__)
 
 # Sessions of the nodes themselves: never terminated when a store is fenced,
@@ -44,6 +46,10 @@ MANAGED_SETTINGS = (
     "primary_slot_name",
 )
 TOOL_TIMEOUT_SECONDS = 600
+# How long one of the node's own statements may wait on a server (the
+# server's own statement_timeout, set below, ends it there first).
+STATEMENT_SECONDS = 12.0
+PROMOTE_SECONDS = 60
 
 
 class PostgresError(RuntimeError):
@@ -99,11 +105,17 @@ class Probe:
 
 
 def _connect(conninfo: str, timeout: float) -> psycopg.Connection[Any]:
-    return psycopg.connect(
+    return StoreConnection.connect(
         conninfo,
         autocommit=True,
         connect_timeout=max(1, round(timeout)),
         application_name=NODE_APPLICATION_NAME,
+        # A dead peer or a cut link is found in seconds, not in TCP's minutes.
+        keepalives=1,
+        keepalives_idle=1,
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=max(1000, round(timeout * 1000)),
         # The node's own writes (epoch, node rows) pass a fenced store and
         # never wait for a synchronous standby that may be gone.
         options=(
@@ -170,7 +182,7 @@ class Server:
     def reachable(self, timeout: float = 1.0) -> bool:
         """A new connection gets through and a query is answered."""
         try:
-            with _connect(self.conninfo, timeout) as conn:
+            with _connect(self.conninfo, timeout) as conn, limit(each=timeout, what="a probe"):
                 conn.execute("SELECT 1")
             return True
         except psycopg.Error:
@@ -179,7 +191,7 @@ class Server:
     def probe(self, timeout: float = 2.0) -> Probe | None:
         """The server's state, or None when it does not answer."""
         try:
-            with self.session(timeout) as conn:
+            with self.session(timeout) as conn, limit(total=timeout, what="a probe"):
                 row = conn.execute(PROBE_SQL).fetchone()
                 assert row is not None
                 fenced = conn.execute(FENCED_SQL).fetchone()
@@ -202,13 +214,15 @@ class Server:
             replicas=replicas,
         )
 
-    def execute(self, statement: Query, params: Sequence[Any] = ()) -> list[Any]:
-        with self.session() as conn:
+    def execute(
+        self, statement: Query, params: Sequence[Any] = (), *, timeout: float = STATEMENT_SECONDS
+    ) -> list[Any]:
+        with self.session() as conn, limit(each=timeout, what="a node's statement"):
             cursor = conn.execute(statement, params)
             return cursor.fetchall() if cursor.description else []
 
     def execute_named(self, statement: Query, params: dict[str, Any]) -> None:
-        with self.session() as conn:
+        with self.session() as conn, limit(each=STATEMENT_SECONDS, what="a node's statement"):
             conn.execute(statement, params)
 
     def set_settings(self, values: dict[str, str | None]) -> None:
@@ -251,9 +265,13 @@ class Server:
         )
 
     def promote(self) -> None:
-        rows = self.execute("SELECT pg_promote(true, 60)")
+        rows = self.execute(
+            "SELECT pg_promote(true, %s)", [PROMOTE_SECONDS], timeout=PROMOTE_SECONDS + 5
+        )
         if not rows or not rows[0][0]:
-            raise PostgresError(f"{self.describe()} did not finish its promotion within 60 s")
+            raise PostgresError(
+                f"{self.describe()} did not finish its promotion within {PROMOTE_SECONDS} s"
+            )
 
     def ensure_slot(self, name: str) -> None:
         self.execute(

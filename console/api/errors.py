@@ -123,9 +123,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                 "limit": exc.limit,
                 "depth": exc.depth,
             }
-        return Response(
+        refused = Response(
             error_body(exc.code, exc.detail, exc.field_errors, **extra), status=broker_status(exc)
         )
+        if exc.retry_after is not None:
+            refused["Retry-After"] = str(exc.retry_after)
+        return refused
     if isinstance(exc, RequestDataTooBig):
         return Response(
             error_body("request_too_large", "The request body is larger than this server accepts."),
