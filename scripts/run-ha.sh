@@ -42,6 +42,10 @@ if [ "$("$PG_BINDIR/psql" "$url_a" -XtAc 'SHOW wal_log_hints')" != "on" ]; then
     bash scripts/services.sh stop >/dev/null
     bash scripts/services.sh start >/dev/null
 fi
+# and the former primary's WAL back to the last checkpoint before the fork.
+if [ "$("$PG_BINDIR/psql" "$url_a" -XtAc 'SHOW wal_keep_size')" = "0" ]; then
+    "$PG_BINDIR/psql" "$url_a" -Xqc "ALTER SYSTEM SET wal_keep_size = '1GB'" -c "SELECT pg_reload_conf()"
+fi
 
 common=(
     HA_PG_BINDIR="$PG_BINDIR" HA_PG_OS_USER="$PG_OS_USER"

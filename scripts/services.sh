@@ -291,9 +291,13 @@ $PG_CONF_HEADER
 listen_addresses = '127.0.0.1'
 max_connections = 200
 shared_buffers = 256MB
-# For the HA pair (scripts/run-ha.sh): pg_rewind needs wal_log_hints, and a
-# replication slot of a standby that is gone keeps at most this much WAL.
+# For the HA pair (scripts/run-ha.sh): pg_rewind needs wal_log_hints, and
+# the former primary's WAL back to its last checkpoint before the two
+# servers diverged, which its shutdown checkpoint would otherwise recycle
+# (wal_keep_size; beyond it the node clones instead). A replication slot of
+# a standby that is gone keeps at most max_slot_wal_keep_size of WAL.
 wal_log_hints = on
+wal_keep_size = 1GB
 max_slot_wal_keep_size = 1GB
 $PG_QUEUE_SETTINGS
 # port and unix_socket_directories are passed by scripts/services.sh on start

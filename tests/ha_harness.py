@@ -117,7 +117,7 @@ class Cluster:
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 "\nwal_log_hints = on\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
-                "max_slot_wal_keep_size = 1GB\nshared_buffers = 64MB\n"
+                "max_slot_wal_keep_size = 1GB\nwal_keep_size = 1GB\nshared_buffers = 64MB\n"
                 + ("" if durable else "fsync = off\n")
                 + "wal_sender_timeout = 5s\nwal_receiver_status_interval = 1s\n"
             )
@@ -139,17 +139,27 @@ class Cluster:
         )
         assert result.returncode == 0, result.stderr + self.log.read_text()
 
+    def processes(self) -> list[int]:
+        """The postmaster and every process it started."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return []
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return [pid, *map(int, children)]
+
+    def signal(self, signum: int) -> None:
+        for target in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signum)
+
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend (a crash)."""
         pid = self.postmaster_pid()
         if pid is None:
             return
-        children = subprocess.run(
-            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        for target in [pid, *map(int, children)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(target, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         wait_until(lambda: not _alive(pid), timeout=10, what=f"postgres {self.name} to die")
 
     def stop(self) -> None:
@@ -414,10 +424,12 @@ class WebServer:
         )
         wait_until(lambda: self.get("/healthz")[0] == 200, timeout=60, what="gunicorn")
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def request_with_headers(
+        self, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any, dict[str, str]]:
         import http.client
 
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             headers = {"Authorization": f"Token {self.token}", "Content-Type": "application/json"}
             conn.request(
@@ -425,14 +437,19 @@ class WebServer:
             )
             response = conn.getresponse()
             data = response.read()
+            answer = {k.lower(): v for k, v in response.getheaders()}
             try:
-                return response.status, json.loads(data) if data else None
+                return response.status, json.loads(data) if data else None, answer
             except ValueError:
-                return response.status, data.decode(errors="replace")
+                return response.status, data.decode(errors="replace"), answer
         except OSError:
-            return 0, None
+            return 0, None, {}
         finally:
             conn.close()
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        status, answer, _ = self.request_with_headers(method, path, body)
+        return status, answer
 
     def get(self, path: str) -> tuple[int, Any]:
         return self.request("GET", path)

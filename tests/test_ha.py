@@ -5,7 +5,9 @@ stopped and restarted."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -374,3 +376,126 @@ def split_brain_and_resolve(pair: Pair, web: WebServer) -> None:
         raise AssertionError(f"{error}: last answer {answers[-1]}\n{pair.logs()}") from None
     kinds = {row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")}
     assert {"split_brain", "resolved"} <= kinds
+
+
+class Unavailability(threading.Thread):
+    """Answers of the API to one client, polled every 50 ms: the 503s it
+    saw, and the longest time with no success (a read that needs the store)."""
+
+    def __init__(self, web: WebServer) -> None:
+        super().__init__(daemon=True)
+        self.web = web
+        self.refusals: list[tuple[int, Any, float]] = []
+        self.longest_gap = 0.0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            status, body, headers = self.web.request_with_headers("GET", f"/api/v1/queues/{QUEUE}/")
+            now = time.monotonic()
+            if status == 200:
+                self.longest_gap = max(self.longest_gap, now - last_ok)
+                last_ok = now
+            else:
+                self.refusals.append((status, body, now - started))
+                if status == 503:
+                    assert headers.get("retry-after"), headers
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+
+
+def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """The primary's machine freezes (its node and every process of its
+    server stopped) for 3 times the heartbeat timeout: the API answers 503
+    store_unavailable, never hangs, and writes again on the standby within
+    the timeout + 2 s; after the thaw the old primary rewinds onto the new
+    timeline and the pair is synchronous again within 60 s."""
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    workers = Workers(
+        tmp_path,
+        pair.redis_url,
+        beat=False,
+        extra_env={"DATABASE_URL": pair.app_url, "LAZARETTO_STORE_TIMEOUT_SECONDS": str(TIMEOUT)},
+    )
+    workers.start()
+    publisher = Publisher(web)
+    reader = Unavailability(web)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 50, timeout=60, what="publishing")
+        reader.start()
+        time.sleep(1)
+
+        frozen = pair.a.cluster.processes()
+        pair.a.signal(signal.SIGSTOP)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3 * TIMEOUT)
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            pair.a.signal(signal.SIGCONT)
+        thawed = time.monotonic()
+        assert pair.role_of(pair.b) == "primary", pair.logs()
+
+        pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
+        wait_until(
+            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
+            timeout=max(1.0, 60 - (time.monotonic() - thawed)),
+            what=f"synchronous again\n{pair.logs()}",
+        )
+        acked = len(publisher.acked)
+        wait_until(lambda: len(publisher.acked) >= acked + 20, timeout=30, what="publishing")
+        publisher.stop()
+        reader.stop()
+
+        assert publisher.longest_gap <= TIMEOUT + 2 + 1, (
+            f"publishing stopped for {publisher.longest_gap:.1f} s\n{web.log.read_text()[-3000:]}"
+        )
+        assert reader.longest_gap <= TIMEOUT + 2 + 1, (
+            f"reads stopped for {reader.longest_gap:.1f} s"
+        )
+        assert reader.refusals, "the API never answered 503 during the freeze"
+        assert {status for status, _, _ in reader.refusals} == {503}, reader.refusals[:5]
+        assert {body["code"] for _, body, _ in reader.refusals} == {"store_unavailable"}
+        assert max(took for _, _, took in reader.refusals) <= TIMEOUT + 2
+
+        stored = payloads_in(pair, "B")
+        missing = [p for p in publisher.acked if p not in set(stored)]
+        assert not missing, f"{len(missing)} acknowledged publish(es) lost: {missing[:10]}"
+        assert payloads_in(pair, "A") == stored or set(payloads_in(pair, "A")) >= set(
+            publisher.acked
+        )
+
+        def all_delivered() -> bool:
+            [(waiting,)] = pair.b.cluster.query(
+                "SELECT count(*) FROM broker_message WHERE state <> 'DLVD'"
+            )
+            return waiting == 0
+
+        wait_until(all_delivered, timeout=90, what="every message delivered")
+        kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
+        assert "failover" in kinds
+        # A rejoined by pg_rewind onto B's new timeline, not by a fresh copy:
+        # B checkpointed after its promotion, and A kept the WAL the rewind reads.
+        log = pair.a.log.read_text()
+        assert "pg_rewind" in log
+        assert "cloning" not in log, log[-4000:]
+    finally:
+        publisher.stopping.set()
+        reader.stopping.set()
+        workers.stop()
+        web.stop()

@@ -40,9 +40,12 @@ def frozen_backend() -> Iterator[int]:
 def test_a_statement_on_a_frozen_server_ends_at_the_limit(transactional_db: None) -> None:
     with frozen_backend():
         started = time.monotonic()
-        with pytest.raises(OperationalError) as raised, limit(total=1.0, what="the test"):
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
+        with (
+            pytest.raises(OperationalError) as raised,
+            limit(total=1.0, what="the test"),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT 1")
         took = time.monotonic() - started
     assert 0.9 <= took < 2.0, took
     assert isinstance(raised.value.__cause__, StoreTimeout)

@@ -126,6 +126,11 @@ class BrokerNode:
         self._primary_seen = clock()
         self._standby_streaming_seen: float | None = None
         self._not_receiving_since: float | None = None
+        # Since when the own store has not answered (None: it answers).
+        self._store_lost_since: float | None = None
+        # Rejoins since the store last streamed from the primary: a second
+        # one clones instead of rewinding.
+        self._rejoins_without_streaming = 0
         self._slot_for: str | None = None
         self._store: Probe | None = None
         self._said: dict[str, str] = {}
@@ -191,8 +196,14 @@ class BrokerNode:
             return self._accept_switchover()
         if op == "promote":
             if self.role != NodeRole.STANDBY:
-                raise HaCommandRefused(f"{self.config.name} is {self.role}, not a standby")
-            self._commands.put(_Command("promote"))
+                raise HaCommandRefused(
+                    f"{self.config.name} is {self.role}, not a synchronised standby"
+                )
+            if "epoch" in body and int(body["epoch"] or 0) != self.epoch:
+                raise HaCommandRefused(
+                    f"the request is of epoch {body['epoch']}; the pair is at epoch {self.epoch}"
+                )
+            self._commands.put(_Command("promote", {k: body.get(k) for k in ("reason", "silent")}))
             return {"accepted": True}
         raise HaCommandRefused(f"unknown request {op!r}")
 
@@ -317,6 +328,10 @@ class BrokerNode:
         self._last_tick = now
         self._exchange()
         self._store = self.local.probe()
+        if self._store is not None:
+            self._store_lost_since = None
+        elif self._store_lost_since is None:
+            self._store_lost_since = now
         while not self._commands.empty():
             self._run_command(self._commands.get_nowait())
         handler = {
@@ -373,6 +388,8 @@ class BrokerNode:
     # -- roles -----------------------------------------------------------------
 
     def _discovering(self, store: Probe | None) -> None:
+        if store is None and self._hand_over_if_store_lost():
+            return
         if self.local.pgdata is not None and not self._ensure_server_up():
             return
         if store is None:
@@ -421,6 +438,43 @@ class BrokerNode:
                 "former primary: waiting for it",
             )
 
+    def _hand_over_if_store_lost(self) -> bool:
+        """This node's store has not answered for the heartbeat timeout and
+        its peer is the synchronous standby: stop the store for good (it
+        starts again fenced, and rejoins) and ask the peer to take over under
+        the current epoch. True once handed over."""
+        lost = self._store_lost_since
+        peer = self._fresh_peer()
+        if (
+            lost is None
+            or self.clock() - lost <= self.config.timeout
+            or peer is None
+            or peer.role != NodeRole.STANDBY
+        ):
+            return False
+        if self.local.pgdata is None:
+            self._say(
+                "handover",
+                f"{self.local.describe()} does not answer, and this node cannot stop it "
+                "(HA_PGDATA is not set): the standby does not take over",
+            )
+            return False
+        silent = self.clock() - lost
+        self.local.kill()
+        try:
+            self._call("promote", epoch=self.epoch, reason="handover", silent=round(silent, 1))
+        except BrokerError as error:
+            self._say("handover", f"the standby did not take over: {error.detail}")
+            return False
+        logger.warning(
+            "ha: %s did not answer for %.1f s: stopped, and %s asked to take over",
+            self.local.describe(),
+            silent,
+            peer.name,
+        )
+        self._store_lost_since = None
+        return True
+
     def _ensure_server_up(self) -> bool:
         """Start the own server (fenced: it takes no application writes
         until the node knows its role), cloning the peer's first when the
@@ -449,7 +503,8 @@ class BrokerNode:
             self.epoch = max(self.epoch, int(rows[0][0]))
 
     def _become_primary(self, kind: HaEventKind, detail: str, store: Probe | None) -> None:
-        if store is not None and store.in_recovery:
+        promoted = store is not None and store.in_recovery
+        if promoted:
             self.local.promote()
         rows = self.local.execute(
             """
@@ -479,6 +534,12 @@ class BrokerNode:
         self._set_role(NodeRole.PRIMARY, "alone" if self.config.peer else "standalone")
         self._record(kind, f"{self.config.name} is primary at epoch {self.epoch}: {detail}")
         self.duties.start(self.epoch)
+        if promoted:
+            # The control file names the new timeline only after a
+            # checkpoint; until then pg_rewind, reading it, takes the former
+            # primary for one on the same timeline and rewinds nothing.
+            with self._long_step():
+                self.local.checkpoint()
 
     def _primary(self, store: Probe | None) -> None:
         if store is None:
@@ -552,19 +613,33 @@ class BrokerNode:
 
     def _standby(self, store: Probe | None) -> None:
         now = self.clock()
-        if store is None and self.local.pgdata is not None:
-            self._ensure_server_up()  # it stopped: start it again, as the standby it is
         peer = self._fresh_peer()
+        # A store that stopped is started again, as the standby it is; one
+        # that will not start (a history the primary's does not continue) is
+        # cloned.
+        if (
+            store is None
+            and self.local.pgdata is not None
+            and not self._ensure_server_up()
+            and peer is not None
+            and peer.role == NodeRole.PRIMARY
+            and self._store_lost_since is not None
+            and now - self._store_lost_since > 3 * self.config.timeout
+        ):
+            self._say("standby", "the store does not start as the primary's standby: cloning")
+            self._clone()
+            return
         if peer is not None and peer.role == NodeRole.PRIMARY:
             self._primary_seen = peer.seen
             self.epoch = max(self.epoch, int(peer.status.get("epoch") or 0))
             if store is not None and store.receiving:
                 self._not_receiving_since = None
-                if (
-                    self.role == NodeRole.SYNCHRONISING
-                    and peer.status.get("synchronous_standby") == self.config.name
-                ):
+                self._rejoins_without_streaming = 0
+                synchronous = peer.status.get("synchronous_standby") == self.config.name
+                if self.role == NodeRole.SYNCHRONISING and synchronous:
                     self._set_role(NodeRole.STANDBY, "synchronous")
+                elif self.role == NodeRole.STANDBY and not synchronous:
+                    self._set_role(NodeRole.SYNCHRONISING, "the primary goes on without it")
             else:
                 if self._not_receiving_since is None:
                     self._not_receiving_since = now
@@ -577,7 +652,21 @@ class BrokerNode:
         if peer is not None and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY):
             # The former primary is rejoining after a switchover or a pause.
             return
+        if peer is not None and peer.role == NodeRole.DISCOVERING:
+            # The primary's node answers: it is restarting its server or
+            # finding its role again. It is not silent; it hands over itself
+            # (a promote request under its epoch) if its server is gone.
+            self._primary_seen = peer.seen
+            return
         if now - self._primary_seen <= self.config.timeout:
+            return
+        if self.role != NodeRole.STANDBY:
+            self._say(
+                "standby",
+                "the primary is silent but this standby was not synchronous: it may lack "
+                "acknowledged writes, so it does not take over (an admin may switch over "
+                "once the primary is back)",
+            )
             return
         if store is None:
             self._say(
@@ -661,13 +750,20 @@ class BrokerNode:
         slot = slot_name(self.config.name)
         self.peer_store.ensure_slot(slot)
         source = self._source_conninfo()
+        self._rejoins_without_streaming += 1
         try:
+            if self._rejoins_without_streaming > 1:
+                raise PostgresError("the last rewind did not make it follow the primary")
+            self.peer_store.checkpoint_if_behind()
             self.local.rewind(source_conninfo=source)
+            self.local.write_standby_config(primary_conninfo=source, slot=slot)
+            self.local.start()
         except PostgresError as error:
-            logger.warning("ha: pg_rewind failed (%s); cloning the primary instead", error)
+            logger.warning("ha: rejoining by pg_rewind failed (%s); cloning the primary", error)
+            self.local.stop("immediate")
             self.local.clone(source_conninfo=source, slot=slot)
-        self.local.write_standby_config(primary_conninfo=source, slot=slot)
-        self.local.start()
+            self.local.write_standby_config(primary_conninfo=source, slot=slot)
+            self.local.start()
         self._primary_seen = self.clock()
         self._not_receiving_since = None
 
@@ -679,6 +775,7 @@ class BrokerNode:
         self.peer_store.ensure_slot(slot)
         source = self._source_conninfo()
         with self._long_step():
+            self.local.stop("immediate")
             self.local.clone(source_conninfo=source, slot=slot)
             self.local.write_standby_config(primary_conninfo=source, slot=slot)
             self.local.start()
@@ -691,6 +788,13 @@ class BrokerNode:
             elif command.op == "switchover":
                 with self._long_step():
                     self._switchover()
+            elif command.op == "promote" and command.args.get("reason") == "handover":
+                self._become_primary(
+                    HaEventKind.FAILOVER,
+                    f"the primary's store did not answer for {command.args.get('silent')} s; "
+                    "its node stopped it and handed over",
+                    self._store,
+                )
             elif command.op == "promote":
                 self._become_primary(
                     HaEventKind.SWITCHOVER,

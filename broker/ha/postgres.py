@@ -13,11 +13,13 @@ stopped): they belong to that server, and are not replicated.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ TOOL_TIMEOUT_SECONDS = 600
 # server's own statement_timeout, set below, ends it there first).
 STATEMENT_SECONDS = 12.0
 PROMOTE_SECONDS = 60
+CHECKPOINT_SECONDS = 120.0
 
 
 class PostgresError(RuntimeError):
@@ -139,6 +142,12 @@ SELECT application_name, state, sync_state,
        coalesce(pg_current_wal_lsn() - coalesce(replay_lsn, '0/0'), 0)::bigint
 FROM pg_stat_replication
 """
+# The timeline a primary writes now (the first 8 hex digits of its WAL
+# file's name) and the one its control file shows.
+TIMELINES_SQL = """
+SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int,
+       (SELECT timeline_id FROM pg_control_checkpoint())
+"""
 FENCED_SQL = """
 SELECT setting = 'on' FROM pg_file_settings
 WHERE name = 'default_transaction_read_only' AND applied IS NOT NULL
@@ -180,12 +189,20 @@ class Server:
         self._connection = None
 
     def reachable(self, timeout: float = 1.0) -> bool:
-        """A new connection gets through and a query is answered."""
+        """A new connection gets through and a query is answered, all within
+        ``timeout`` (libpq's connect_timeout allows no less than 2 s)."""
+
+        async def check() -> None:
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, application_name=NODE_APPLICATION_NAME
+            )
+            async with conn:
+                await conn.execute("SELECT 1")
+
         try:
-            with _connect(self.conninfo, timeout) as conn, limit(each=timeout, what="a probe"):
-                conn.execute("SELECT 1")
+            asyncio.run(asyncio.wait_for(check(), timeout))
             return True
-        except psycopg.Error:
+        except (psycopg.Error, OSError, TimeoutError):
             return False
 
     def probe(self, timeout: float = 2.0) -> Probe | None:
@@ -272,6 +289,50 @@ class Server:
             raise PostgresError(
                 f"{self.describe()} did not finish its promotion within {PROMOTE_SECONDS} s"
             )
+
+    def checkpoint(self) -> None:
+        self.execute(
+            "SELECT set_config('statement_timeout', %s, false)", [f"{CHECKPOINT_SECONDS:g}s"]
+        )
+        self.execute("CHECKPOINT", timeout=CHECKPOINT_SECONDS + 5)
+        self.execute("RESET statement_timeout")
+
+    def checkpoint_if_behind(self) -> None:
+        """Make the (primary) server's control file show its current
+        timeline, which pg_rewind reads: a server promoted moments ago shows
+        its former one until its first checkpoint."""
+        [(current, checkpointed)] = self.execute(TIMELINES_SQL)
+        if current != checkpointed:
+            logger.info(
+                "ha: %s is on timeline %s but its last checkpoint is on %s: asking for one",
+                self.describe(),
+                current,
+                checkpointed,
+            )
+            self.checkpoint()
+            [(current, checkpointed)] = self.execute(TIMELINES_SQL)
+            if current != checkpointed:
+                raise PostgresError(
+                    f"{self.describe()} still shows timeline {checkpointed} after a checkpoint"
+                )
+
+    def kill(self) -> None:
+        """SIGKILL the server's postmaster and every process of it: a server
+        that does not answer (frozen, wedged) is stopped for good, even a
+        stopped process. It starts again only when the node starts it."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return
+        logger.warning("ha: killing %s (postmaster %s)", self.describe(), pid)
+        for target in (pid, *_children(pid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+        self.disconnect()
+
+    def postmaster_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self._data() / "postmaster.pid").read_text().split()[0])
+        return None
 
     def ensure_slot(self, name: str) -> None:
         self.execute(
@@ -433,6 +494,17 @@ class Server:
         if self.os_user and os.geteuid() == 0:
             for path in paths:
                 shutil.chown(path, user=self.os_user)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a postmaster's backends)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _redact(command: list[str]) -> list[str]:

@@ -25,12 +25,17 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg.abc import PQGen
 
+from broker.store import hosts
+
 RV = TypeVar("RV")
+
+# How long a host that let a session down is passed over.
+SUSPECT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,30 @@ def _shut_down(fd: int) -> None:
 _WATCHDOG = _Watchdog()
 
 
+# The hosts a connection of this thread is about to try, in order.
+_TRYING: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("lazaretto_store_trying", default=())
+
+
 class StoreConnection(psycopg.Connection[Any]):
-    """A psycopg connection whose waits on the server keep the caller's limit."""
+    """A psycopg connection whose waits on the server keep the caller's
+    limit, and whose connection attempts pass over hosts that let a session
+    down moments ago (:mod:`broker.store.hosts`)."""
+
+    @classmethod
+    def _get_connection_params(cls, conninfo: str, **kwargs: Any) -> dict[str, Any]:
+        params, trying = hosts.arrange(super()._get_connection_params(conninfo, **kwargs))
+        _TRYING.set(tuple(trying))
+        return params
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        connection = super().connect(conninfo, **kwargs)
+        trying, winner = _TRYING.get(), (connection.info.host, str(connection.info.port))
+        if winner in trying:
+            # Those before it refused a read-write session or did not answer.
+            for passed in trying[: trying.index(winner)]:
+                hosts.suspect(*passed, seconds=SUSPECT_SECONDS)
+        return connection
 
     def wait(self, gen: PQGen[RV], *args: Any, **kwargs: Any) -> RV:
         current = _LIMIT.get()
@@ -165,6 +192,7 @@ class StoreConnection(psycopg.Connection[Any]):
             fired = _WATCHDOG.disarm(token)
             if fired:
                 assert current is not None
+                hosts.suspect(self.info.host, str(self.info.port), seconds=SUSPECT_SECONDS)
                 raise StoreTimeout(
                     f"the store did not answer within the limit of {current.what or 'this caller'}"
                     "; the session was closed"
