@@ -10,6 +10,7 @@ can reach, removed at the end.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import hashlib
@@ -20,6 +21,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +168,46 @@ class Cluster:
     def stop(self) -> None:
         if self.postmaster_pid() is not None:
             as_owner(str(pg_bindir() / "pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate")
+
+
+class WritableProbe(threading.Thread):
+    """Asks both servers every 100 ms whether they take a read-write
+    session (a frozen one, which answers nothing, takes none), and keeps
+    the moments both did."""
+
+    def __init__(self, *clusters: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.clusters = clusters
+        self.both_writable: list[float] = []
+        self.probes = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            writable = [self._writable(cluster) for cluster in self.clusters]
+            self.probes += 1
+            if all(writable):
+                self.both_writable.append(time.monotonic())
+            time.sleep(0.1)
+
+    @staticmethod
+    def _writable(cluster: Cluster) -> bool:
+        async def check() -> None:
+            conn = await psycopg.AsyncConnection.connect(
+                cluster.url, autocommit=True, target_session_attrs="read-write"
+            )
+            async with conn:
+                await conn.execute("SELECT 1")
+
+        try:
+            asyncio.run(asyncio.wait_for(check(), 0.5))
+            return True
+        except (psycopg.Error, OSError, TimeoutError):
+            return False
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
 
 
 @dataclass

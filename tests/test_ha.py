@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.ha_harness import TIMEOUT, Pair, WebServer, ha_pair
+from tests.ha_harness import TIMEOUT, Pair, WebServer, WritableProbe, ha_pair
 from tests.harness import ROOT, RedisServer, Workers, wait_until
 
 pytestmark = pytest.mark.slow
@@ -498,4 +498,99 @@ def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself
         publisher.stopping.set()
         reader.stopping.set()
         workers.stop()
+        web.stop()
+
+
+def test_a_killed_primary_server_restarts_in_place_and_the_standby_never_races_it(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """SIGKILL of the primary's postmaster: its node, alive, restarts the
+    server and stays primary; the standby, hearing a live
+    node that rediscovers its role, does not take over, so at no moment do
+    both servers take writes. Each restart opens a new epoch of A's."""
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    publisher = Publisher(web)
+    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
+        probe.start()
+        [(epoch,)] = pair.a.cluster.query("SELECT epoch FROM broker_hapair")
+        for _ in range(2):
+            pair.a.cluster.kill()
+            acked = len(publisher.acked)
+            wait_until(
+                lambda: len(publisher.acked) >= acked + 10,  # noqa: B023
+                timeout=TIMEOUT + 2,
+                what=f"publishing again on A\n{pair.logs()}",
+            )
+            time.sleep(2 * TIMEOUT)  # past the standby's heartbeat timeout
+            assert pair.role_of(pair.b) == "standby", pair.logs()
+        pair.wait_roles({"A": "primary", "B": "standby"}, timeout=30)
+        publisher.stop()
+        probe.stop()
+        assert probe.probes > 50
+        assert not probe.both_writable, pair.logs()
+        # Each restart is a new term of A's, and nobody else's.
+        assert pair.a.cluster.query("SELECT epoch, primary_name FROM broker_hapair") == [
+            (epoch + 2, "A")
+        ]
+        stored = set(payloads_in(pair, "A"))
+        assert set(publisher.acked) <= stored
+    finally:
+        publisher.stopping.set()
+        probe.stopping.set()
+        web.stop()
+
+
+def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """Only the primary's server freezes (its node runs on): the node, its
+    store silent for the heartbeat timeout, kills the server and asks the
+    synchronous standby to take over under the epoch; the frozen server never
+    takes a write again before it has rejoined as a standby."""
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    publisher = Publisher(web)
+    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
+        probe.start()
+        frozen = pair.a.cluster.processes()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 10)
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
+        wait_until(
+            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
+            timeout=60,
+            what="synchronous again",
+        )
+        acked = len(publisher.acked)
+        wait_until(lambda: len(publisher.acked) >= acked + 10, timeout=30, what="publishing")
+        publisher.stop()
+        probe.stop()
+        assert not probe.both_writable, pair.logs()
+        assert publisher.longest_gap <= TIMEOUT + 2 + 1, publisher.longest_gap
+        stored = set(payloads_in(pair, "B"))
+        assert set(publisher.acked) <= stored
+        details = [r[0] for r in pair.b.cluster.query("SELECT detail FROM broker_haevent")]
+        assert any("handed over" in detail for detail in details), details
+    finally:
+        publisher.stopping.set()
+        probe.stopping.set()
         web.stop()
