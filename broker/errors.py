@@ -176,6 +176,19 @@ class HaCommandRefused(BrokerError):
     code = "ha_command_refused"
 
 
+class HaSecretMismatch(HaNodeUnreachable):
+    """The peer answered, but refused this node's signature: the nodes'
+    HA_SECRET differ."""
+
+    code = "ha_secret_mismatch"
+
+
+class HaMisconfigured(BrokerError):
+    """A broker node's settings would make the pair unsafe; it does not run."""
+
+    code = "ha_misconfigured"
+
+
 class StoreUnavailable(BrokerError):
     """The message store cannot be reached or takes no writes now: a
     failover or a switchover is under way. Retrying shortly succeeds."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -248,9 +247,8 @@ class NodeProcess:
 
     def status(self) -> dict[str, Any] | None:
         """What the node answers (in process: no Django start-up per look)."""
-        secret = hashlib.sha256(b"lazaretto-ha:" + SECRET.encode()).digest()
         try:
-            return wire.call(self.address, "status", secret=secret, timeout=2.0)
+            return wire.call(self.address, "status", secret=SECRET.encode(), timeout=2.0)
         except BrokerError:
             return None
 
@@ -389,6 +387,7 @@ def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterato
             **process_env(),
             "CELERY_BROKER_URL": redis_url,
             "DUMP_DIR": str(dump_dir),
+            "HA_SECRET": SECRET,
             "HA_HEARTBEAT_INTERVAL": str(INTERVAL),
             "HA_HEARTBEAT_TIMEOUT": str(TIMEOUT),
             "HA_DISCOVERY_TIMEOUT": str(DISCOVERY),

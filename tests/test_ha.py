@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from broker.ha import wire
 from tests.ha_harness import TIMEOUT, Pair, WebServer, WritableProbe, ha_pair
 from tests.harness import ROOT, RedisServer, Workers, wait_until
 
@@ -594,3 +595,46 @@ def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
         publisher.stopping.set()
         probe.stopping.set()
         web.stop()
+
+
+def test_a_node_restarted_with_another_secret_causes_no_failover(pair: Pair) -> None:
+    """The primary's node comes back with another HA_SECRET: each node
+    refuses the other's heartbeats and says why, and the standby, whose peer
+    answers (if only to refuse it), does not take over."""
+    start_pair(pair)
+    pair.a.kill()
+    pair.a.start(HA_SECRET="another-secret-entirely")
+    time.sleep(3 * TIMEOUT)
+    assert pair.role_of(pair.b) in ("standby", "synchronising"), pair.logs()
+    other = wire.call(pair.a.address, "status", secret=b"another-secret-entirely", timeout=2)
+    assert other["role"] == "primary"
+    assert "HA_SECRET differs between the nodes" in pair.b.log.read_text()
+    assert "is HA_SECRET the same on both nodes?" in pair.a.log.read_text()
+    kinds = {row[0] for row in pair.a.cluster.query("SELECT kind FROM broker_haevent")}
+    assert "failover" not in kinds
+
+
+def test_a_node_refuses_to_run_on_a_store_it_could_not_rewind_or_a_peer_that_is_itself(
+    pair: Pair,
+) -> None:
+    a = pair.a
+    itself = subprocess.run(
+        [sys.executable, "manage.py", "broker_node", "--name", "A"],
+        cwd=ROOT,
+        env={**a.env, "HA_PEER_DATABASE_URL": a.cluster.url},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert itself.returncode != 0
+    assert "HA_PEER_DATABASE_URL reaches this node's own server" in itself.stderr
+
+    a.cluster.query("ALTER SYSTEM SET wal_log_hints = off")
+    a.cluster.stop()
+    a.cluster.start()
+    no_hints = a.manage("broker_node", "--name", "A", timeout=60)
+    assert no_hints.returncode != 0
+    assert "wal_log_hints is off" in no_hints.stderr
+    [(role_rows,)] = a.cluster.query("SELECT count(*) FROM broker_node")
+    assert role_rows == 0

@@ -38,7 +38,13 @@ from typing import Any, Protocol
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
-from broker.errors import BrokerError, HaCommandRefused, HaNodeUnreachable
+from broker.errors import (
+    BrokerError,
+    HaCommandRefused,
+    HaMisconfigured,
+    HaNodeUnreachable,
+    HaSecretMismatch,
+)
 from broker.ha import wire
 from broker.ha.diverged import diverged_export
 from broker.ha.postgres import PostgresError, Probe, Server, slot_name
@@ -128,6 +134,9 @@ class BrokerNode:
         self._not_receiving_since: float | None = None
         # Since when the own store has not answered (None: it answers).
         self._store_lost_since: float | None = None
+        # When the peer last answered but refused our signature (HA_SECRET).
+        self._peer_refuses_us: float | None = None
+        self._configuration_checked = False
         # Rejoins since the store last streamed from the primary: a second
         # one clones instead of rewinding.
         self._rejoins_without_streaming = 0
@@ -311,6 +320,8 @@ class BrokerNode:
                 started = self.clock()
                 try:
                     self.tick()
+                except HaMisconfigured:
+                    raise
                 except Exception:
                     logger.exception("ha: node %s: tick failed", self.config.name)
                 stopping.wait(max(0.0, self.config.interval - (self.clock() - started)))
@@ -350,6 +361,10 @@ class BrokerNode:
             return
         try:
             self._heard(self._call("heartbeat", status=self.status()))
+        except HaSecretMismatch as mismatch:
+            # Alive, but deaf to us: not a silent peer to take over from.
+            self._peer_refuses_us = self.clock()
+            self._say("exchange", mismatch.detail)
         except HaCommandRefused as refused:
             logger.error("ha: the peer refused our heartbeat: %s", refused.detail)
         except HaNodeUnreachable:
@@ -395,6 +410,8 @@ class BrokerNode:
         if store is None:
             self._say("discover", f"{self.local.describe()} does not answer yet")
             return
+        if not self._configuration_checked:
+            self._check_configuration()
         self._read_epoch()
         if self._standalone_pending:
             self._standalone_pending = False
@@ -474,6 +491,38 @@ class BrokerNode:
         )
         self._store_lost_since = None
         return True
+
+    def _check_configuration(self) -> None:
+        """Refuse to run (HaMisconfigured, naming the setting) beside a
+        server pg_rewind cannot rewind, or a peer store that is this node's
+        own server or of another cluster. Done once both stores answered."""
+        local = self.local.identity()
+        if self.config.peer and self.local.pgdata is not None and not local.rewindable:
+            raise HaMisconfigured(
+                f"wal_log_hints is off on {self.local.describe()} (and data checksums too): "
+                "pg_rewind cannot rejoin it after a failover. Set wal_log_hints = on in its "
+                "postgresql.conf and restart it."
+            )
+        if self.peer_store is None:
+            self._configuration_checked = True
+            return
+        try:
+            peer = self.peer_store.identity()
+        except PostgresError:
+            return  # the peer's store does not answer yet: checked later
+        if peer == local:
+            raise HaMisconfigured(
+                f"HA_PEER_DATABASE_URL reaches this node's own server ({self.local.describe()}); "
+                "it must name the peer's."
+            )
+        if peer.system_identifier != local.system_identifier:
+            raise HaMisconfigured(
+                f"HA_PEER_DATABASE_URL reaches {self.peer_store.describe()}, a server of another "
+                f"cluster (system identifier {peer.system_identifier}; this node's server: "
+                f"{local.system_identifier}): the pair's servers must be one cluster and its "
+                "copy. Empty this node's HA_PGDATA to have it cloned from the peer."
+            )
+        self._configuration_checked = True
 
     def _ensure_server_up(self) -> bool:
         """Start the own server (fenced: it takes no application writes
@@ -659,6 +708,13 @@ class BrokerNode:
             self._primary_seen = peer.seen
             return
         if now - self._primary_seen <= self.config.timeout:
+            return
+        if self._peer_refuses_us is not None and now - self._peer_refuses_us <= self.config.timeout:
+            self._say(
+                "standby",
+                "the primary's node answers but refuses this node's signature (HA_SECRET "
+                "differs between the nodes): not taking over",
+            )
             return
         if self.role != NodeRole.STANDBY:
             self._say(

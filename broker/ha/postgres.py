@@ -155,6 +155,22 @@ ORDER BY seqno DESC LIMIT 1
 """
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Which server this is: its cluster and its current run."""
+
+    system_identifier: int
+    started_at: str
+    rewindable: bool
+
+
+IDENTITY_SQL = """
+SELECT (SELECT system_identifier FROM pg_control_system()),
+       pg_postmaster_start_time()::text,
+       current_setting('wal_log_hints') = 'on' OR current_setting('data_checksums') = 'on'
+"""
+
+
 @dataclass
 class Server:
     """A PostgreSQL server reached at ``conninfo``; with ``pgdata`` (a node's
@@ -289,6 +305,13 @@ class Server:
             raise PostgresError(
                 f"{self.describe()} did not finish its promotion within {PROMOTE_SECONDS} s"
             )
+
+    def identity(self) -> Identity:
+        try:
+            [(system_identifier, started_at, rewindable)] = self.execute(IDENTITY_SQL)
+        except psycopg.Error as error:
+            raise PostgresError(f"{self.describe()} does not answer: {error}") from None
+        return Identity(int(system_identifier), str(started_at), bool(rewindable))
 
     def checkpoint(self) -> None:
         self.execute(

@@ -2,8 +2,14 @@
 connection, each signed with HMAC-SHA256 under the pair's shared secret.
 
 Heartbeats, status queries and the admin's commands (resolve, switchover)
-all travel this way. A request older or newer than ``MAX_SKEW_SECONDS`` by
-the receiver's clock, or with a bad signature, is dropped unanswered.
+all travel this way. Each request carries a random nonce besides its time:
+a request older or newer than ``MAX_SKEW_SECONDS`` by the receiver's clock,
+or whose nonce the receiver has seen within that window (a captured request
+sent again), is dropped unanswered, and an answer counts only if it signs
+the nonce of the request it answers. A request with a bad signature gets one
+unsigned word back, ``{"refused": "signature"}``, so that its sender can
+tell a peer with another secret from a silent one (and not take over from a
+live node over a configuration error).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
 import socket
 import socketserver
 import threading
@@ -20,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.errors import HaCommandRefused, HaNodeUnreachable
+from broker.errors import HaCommandRefused, HaNodeUnreachable, HaSecretMismatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +54,18 @@ def _encode(secret: bytes, body: dict[str, Any]) -> bytes:
     return json.dumps({"body": body, "mac": _sign(secret, body)}).encode() + b"\n"
 
 
+SIGNATURE_REFUSED = b'{"refused": "signature"}\n'
+
+
 def _decode(secret: bytes, line: bytes) -> dict[str, Any]:
     envelope = json.loads(line)
+    if envelope == {"refused": "signature"}:
+        raise HaSecretMismatch(
+            "The peer refused this node's signature: HA_SECRET differs between the nodes."
+        )
     body, mac = envelope["body"], envelope["mac"]
     if not isinstance(body, dict) or not hmac.compare_digest(_sign(secret, body), str(mac)):
-        raise ValueError("bad signature")
+        raise BadSignature("bad signature")
     if abs(time.time() - float(body.get("ts", 0))) > MAX_SKEW_SECONDS:
         raise ValueError("stale or future request")
     return body
@@ -79,18 +93,47 @@ def call(address: str, op: str, *, secret: bytes, timeout: float, **fields: Any)
     Raises :class:`HaNodeUnreachable` when no valid answer comes within
     ``timeout``, :class:`HaCommandRefused` when the node refused the request.
     """
-    body = {"op": op, "ts": time.time(), **fields}
+    body = {"op": op, "ts": time.time(), "nonce": secrets.token_hex(16), **fields}
     try:
         host, port = parse_address(address)
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
             sock.sendall(_encode(secret, body))
             answer = _decode(secret, _read_line(sock))
+        if answer.get("nonce") != body["nonce"]:
+            raise ValueError("the answer is not to this request")
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise HaNodeUnreachable(f"The broker node at {address} did not answer: {error}.") from None
     if "error" in answer:
         raise HaCommandRefused(str(answer["error"]))
     return answer
+
+
+class BadSignature(ValueError):
+    """A message not signed with this node's secret."""
+
+
+class _Nonces:
+    """The nonces of the requests accepted within the clock window."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, float] = {}
+
+    def first(self, nonce: Any) -> bool:
+        """Whether ``nonce`` is well formed and new; it is then kept."""
+        if not isinstance(nonce, str) or not 16 <= len(nonce) <= 64:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if nonce in self._seen:
+                return False
+            # Past twice the skew a replay is refused by its time anyway.
+            horizon = now - 2 * MAX_SKEW_SECONDS
+            for old in [n for n, at in self._seen.items() if at < horizon]:
+                del self._seen[old]
+            self._seen[nonce] = now
+            return True
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -107,13 +150,25 @@ class Listener:
 
     def __init__(self, address: str, *, secret: bytes, handler: Handler) -> None:
         secret_ = secret
+        seen = _Nonces()
 
         class _Request(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 self.request.settimeout(5.0)
                 try:
                     body = _decode(secret_, _read_line(self.request))
-                except (OSError, ValueError, KeyError, TypeError) as error:
+                    if not seen.first(body.get("nonce")):
+                        raise ValueError("a request seen before (replayed) or without a nonce")
+                except BadSignature as error:
+                    logger.error(
+                        "ha: refused a request from %s: %s (is HA_SECRET the same on both nodes?)",
+                        self.client_address,
+                        error,
+                    )
+                    with contextlib.suppress(OSError):
+                        self.request.sendall(SIGNATURE_REFUSED)
+                    return
+                except (OSError, ValueError, KeyError, TypeError, HaSecretMismatch) as error:
                     logger.warning("ha: dropped a request from %s: %s", self.client_address, error)
                     return
                 try:
@@ -123,7 +178,7 @@ class Listener:
                 except Exception:
                     logger.exception("ha: request %s failed", body.get("op"))
                     answer = {"error": "the node failed to handle the request; see its log"}
-                answer = {**answer, "ts": time.time()}
+                answer = {**answer, "ts": time.time(), "nonce": body["nonce"]}
                 with contextlib.suppress(OSError):
                     self.request.sendall(_encode(secret_, answer))
 
