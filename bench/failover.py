@@ -10,9 +10,16 @@ The bench starts an HA pair for real, as tests/test_ha.py does
 synchronous_commit on), two ``manage.py broker_node`` processes, gunicorn on
 the pair's multi-host DATABASE_URL, Celery workers (no beat: the primary node
 sends the duties) and a private redis-server. A client publishes one message
-at a time through the API all along. Each run SIGKILLs the primary's node and
-its PostgreSQL, times the failover, then restarts the killed node, which
-rejoins as standby; the next run kills the other node. At the end every
+at a time through the API all along. Each run injects one fault into the
+primary (``--fault``), times the failover, then ends the fault, and the old
+primary rejoins as standby by itself; the next run hits the other node:
+
+- ``crash``: SIGKILL of the primary's node and of its PostgreSQL; the node is
+  started again;
+- ``freeze``: the primary's machine freezes (SIGSTOP of its node and of every
+  process of its PostgreSQL) for 3 times the heartbeat timeout, then thaws;
+- ``server-freeze``: only its PostgreSQL freezes, for as long; the node hands
+  over to the standby and stops the frozen server. At the end every
 publish answered 201 must be in the final primary's store. Nothing outside
 its temporary directories is touched (DATABASE_URL and CELERY_BROKER_URL are
 not used). The last line printed is one JSON object with the figures; logs go
@@ -99,11 +106,19 @@ JOIN broker_queue q ON q.id = m.queue_id WHERE q.name = %s GROUP BY 1
 """
 
 
+FAULTS = {
+    "crash": "SIGKILL of the primary's node and PostgreSQL, the node then started again",
+    "freeze": "the primary's node and PostgreSQL stopped (SIGSTOP) for 3 x the timeout",
+    "server-freeze": "the primary's PostgreSQL stopped (SIGSTOP) for 3 x the timeout",
+}
+
+
 @dataclass(frozen=True)
 class Options:
     runs: int
     timeout: float
     interval: float
+    fault: str = "crash"
 
     @property
     def target(self) -> float:
@@ -141,13 +156,16 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         default=INTERVAL,
         help=f"HA_HEARTBEAT_INTERVAL of the nodes (default: tests.ha_harness's, {INTERVAL:g} s)",
     )
+    parser.add_argument(
+        "--fault", choices=sorted(FAULTS), default="crash", help="what happens to the primary"
+    )
     args = parser.parse_args(argv)
     if args.timeout < 2 * args.interval:
         parser.error(
             f"--timeout ({args.timeout:g} s) must be at least twice --interval "
             f"({args.interval:g} s), as the node requires"
         )
-    return Options(runs=args.runs, timeout=args.timeout, interval=args.interval)
+    return Options(runs=args.runs, timeout=args.timeout, interval=args.interval, fault=args.fault)
 
 
 # --- the publishing client ----------------------------------------------------
@@ -411,13 +429,12 @@ def failover_once(
     primary, standby = roles.primary, roles.standby
     warm_up(publisher, options.interval)
     killed = time.time()
-    primary.kill()
-    primary.cluster.kill()
-    # Until its PostgreSQL is dead (SIGKILLed after the node), the old
-    # primary may still commit, and acknowledge, a publish.
+    frozen = inject(options.fault, primary)
+    # Until its PostgreSQL is dead or stopped, the old primary may still
+    # commit, and acknowledge, a publish.
     dead = time.time()
     log(
-        f"run {index}: SIGKILLed node {primary.name}, its PostgreSQL dead "
+        f"run {index}: {options.fault} of node {primary.name}, its PostgreSQL out "
         f"{dead - killed:.3f} s later"
     )
 
@@ -453,9 +470,11 @@ def failover_once(
         f"answers other than 201: {dict(failed) or 'none'}"
     )
 
-    # The killed node comes back and rejoins as standby.
+    # The fault ends; the old primary rejoins as standby by itself.
+    if frozen:
+        time.sleep(max(0.0, killed + 3 * options.timeout - time.time()))
     rejoin_started = time.time()
-    primary.start(**options.node_env())
+    end_fault(options, primary, frozen)
     roles.swap()
     wait_synchronous(pair, roles, REJOIN_TIMEOUT_SECONDS)
     rejoined = time.time()
@@ -478,6 +497,32 @@ def failover_once(
         rejoin=rejoined - rejoin_started,
         rejoin_gap=rejoin_gap,
     )
+
+
+def inject(fault: str, primary: NodeProcess) -> list[int]:
+    """Hit ``primary`` with ``fault``; the processes it stopped (SIGSTOP)."""
+    if fault == "crash":
+        primary.kill()
+        primary.cluster.kill()
+        return []
+    stopped = primary.cluster.processes()
+    if fault == "freeze":
+        primary.signal(signal.SIGSTOP)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return stopped
+
+
+def end_fault(options: Options, primary: NodeProcess, frozen: list[int]) -> None:
+    if options.fault == "crash":
+        primary.start(**options.node_env())
+        return
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    if options.fault == "freeze":
+        primary.signal(signal.SIGCONT)
 
 
 # --- zero loss ----------------------------------------------------------------------
@@ -713,8 +758,8 @@ FIGURES = (
     ("first_delivery_dlvd_s", "first_delivery_dlvd", "kill -> that message DLVD (its ack)"),
     ("publish_gap_s", "publish_gap", "longest time between two 201s around the kill"),
     ("first_ack_s", "first_ack", "kill -> first 201 of a request sent after it"),
-    ("kill_s", "kill_span", "the node's SIGKILL -> its PostgreSQL dead"),
-    ("rejoin_s", "rejoin", "restart -> back as synchronous standby"),
+    ("kill_s", "kill_span", "the fault -> its PostgreSQL dead or stopped"),
+    ("rejoin_s", "rejoin", "the fault's end -> back as synchronous standby (healed)"),
     ("rejoin_publish_gap_s", "rejoin_gap", "longest time between two 201s while rejoining"),
 )
 
@@ -724,6 +769,7 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
     failover_max = max(run.failover for run in runs)
     return {
         "bench": "failover",
+        "fault": options.fault,
         "runs": options.runs,
         "heartbeat": {"interval_s": options.interval, "timeout_s": options.timeout},
         **{key: spread([getattr(run, attr) for run in runs]) for key, attr, _ in FIGURES},
@@ -770,7 +816,7 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
         f"failover bench: {options.runs} run{'s' if options.runs > 1 else ''}, "
         f"heartbeat every {options.interval:g} s, "
         f"timeout {options.timeout:g} s (HA_HEARTBEAT_INTERVAL / HA_HEARTBEAT_TIMEOUT); "
-        "SIGKILL of the primary's node and PostgreSQL, the killed node then rejoins"
+        f"fault {options.fault}: {FAULTS[options.fault]}; the old primary then rejoins"
     )
     print("one API client publishing one message per request; Celery workers, consumer demo")
     print()
