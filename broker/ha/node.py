@@ -1,7 +1,7 @@
 """A broker node: one of the HA pair, beside one PostgreSQL server.
 
-The node's main loop runs every ``interval``: it heartbeats its peer, looks
-at its own server and acts by role.
+A thread of the node exchanges statuses with its peer every ``interval``;
+the node's main loop, as often, looks at its own server and acts by role.
 
 - DISCOVERING: starting (or back from a pause). It waits up to the
   discovery timeout for its peer. A peer that is primary makes it a standby:
@@ -315,6 +315,10 @@ class BrokerNode:
             self.config.listen,
             self.config.peer or "none",
         )
+        heartbeats = threading.Thread(
+            target=self._heartbeat, args=(stopping,), name="ha-heartbeat", daemon=True
+        )
+        heartbeats.start()
         try:
             while not stopping.is_set():
                 started = self.clock()
@@ -326,9 +330,22 @@ class BrokerNode:
                     logger.exception("ha: node %s: tick failed", self.config.name)
                 stopping.wait(max(0.0, self.config.interval - (self.clock() - started)))
         finally:
+            stopping.set()
             self.duties.stop()
             self.listener.stop()
             self.local.disconnect()
+
+    def _heartbeat(self, stopping: threading.Event) -> None:
+        """Exchange statuses with the peer every interval, in a thread of its
+        own: a silent peer (each call waits for its answer) never slows the
+        loop that decides, nor a long step (a rewind, a clone) the heartbeat."""
+        while not stopping.is_set():
+            started = self.clock()
+            try:
+                self._exchange()
+            except Exception:
+                logger.exception("ha: node %s: heartbeat failed", self.config.name)
+            stopping.wait(max(0.0, self.config.interval - (self.clock() - started)))
 
     def tick(self) -> None:
         now = self.clock()
@@ -337,7 +354,6 @@ class BrokerNode:
             # Without a peer, nobody could have taken over meanwhile.
             self._resume_after_pause(now - (self._last_tick or now))
         self._last_tick = now
-        self._exchange()
         self._store = self.local.probe()
         if self._store is not None:
             self._store_lost_since = None

@@ -12,7 +12,7 @@ from broker.store.deadline import StoreConnection, limit
 
 # A health check of a kept session (CONN_HEALTH_CHECKS) is one `SELECT 1`:
 # a server that takes longer is treated as gone and a new session is opened.
-HEALTH_CHECK_SECONDS = 2.0
+HEALTH_CHECK_SECONDS = 0.5
 
 
 class _Driver:

@@ -34,9 +34,6 @@ from broker.store import hosts
 
 RV = TypeVar("RV")
 
-# How long a host that let a session down is passed over.
-SUSPECT_SECONDS = 5.0
-
 
 @dataclass(frozen=True)
 class Limit:
@@ -176,7 +173,7 @@ class StoreConnection(psycopg.Connection[Any]):
         if winner in trying:
             # Those before it refused a read-write session or did not answer.
             for passed in trying[: trying.index(winner)]:
-                hosts.suspect(*passed, seconds=SUSPECT_SECONDS)
+                hosts.refused(*passed)
         return connection
 
     def wait(self, gen: PQGen[RV], *args: Any, **kwargs: Any) -> RV:
@@ -192,7 +189,7 @@ class StoreConnection(psycopg.Connection[Any]):
             fired = _WATCHDOG.disarm(token)
             if fired:
                 assert current is not None
-                hosts.suspect(self.info.host, str(self.info.port), seconds=SUSPECT_SECONDS)
+                hosts.silent_unless_answering(self.info.host, str(self.info.port))
                 raise StoreTimeout(
                     f"the store did not answer within the limit of {current.what or 'this caller'}"
                     "; the session was closed"
