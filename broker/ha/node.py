@@ -128,7 +128,9 @@ class BrokerNode:
         self._peer_lock = threading.Lock()
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._standalone_pending = config.standalone
-        self._resolved_loser = False
+        # Why this node waits for its peer to become primary (it lost a
+        # resolve, or handed over): it does not become primary itself then.
+        self._awaiting_primary = ""
         self._primary_seen = clock()
         self._standby_streaming_seen: float | None = None
         self._not_receiving_since: float | None = None
@@ -137,6 +139,11 @@ class BrokerNode:
         # When the peer last answered but refused our signature (HA_SECRET).
         self._peer_refuses_us: float | None = None
         self._configuration_checked = False
+        # A standby named in synchronous_standby_names, not yet announced.
+        self._sync_pending = ""
+        # The synchronous standby stopped replying and is being told that the
+        # primary goes on without it (the status names no synchronous standby).
+        self._dropping = False
         # Rejoins since the store last streamed from the primary: a second
         # one clones instead of rewinding.
         self._rejoins_without_streaming = 0
@@ -176,7 +183,7 @@ class BrokerNode:
             "suspended": self.suspended(),
             "store": None if store is None else ("standby" if store.in_recovery else "primary"),
             "lsn": None if store is None else store.lsn,
-            "synchronous_standby": self.synchronous_standby,
+            "synchronous_standby": "" if self._dropping else self.synchronous_standby,
             "peer": None if peer is None else peer.name,
             "peer_address": None if peer is None else peer.status.get("address"),
             "peer_seen_seconds_ago": None if peer is None else round(self.clock() - peer.seen, 3),
@@ -436,15 +443,15 @@ class BrokerNode:
         peer = self._fresh_peer()
         if peer is not None:
             if peer.role == NodeRole.PRIMARY:
-                self._resolved_loser = False
+                self._awaiting_primary = ""
                 if store.in_recovery and store.receiving:
                     self._primary_seen = self.clock()
                     self._set_role(NodeRole.SYNCHRONISING, "following the primary")
                 else:
                     self._rejoin(store)
                 return
-            if self._resolved_loser:
-                self._say("discover", "waiting for the survivor to become primary")
+            if self._awaiting_primary:
+                self._say("discover", self._awaiting_primary)
                 return
             if peer.role == NodeRole.MAINTENANCE:
                 self._enter_maintenance("the peer is in maintenance")
@@ -506,6 +513,10 @@ class BrokerNode:
             peer.name,
         )
         self._store_lost_since = None
+        # Until the peer is primary, this node's server (started again,
+        # fenced) must not make it primary: the peer promotes under the epoch
+        # it was handed, and two primaries would follow.
+        self._awaiting_primary = f"handed over to {peer.name}: waiting for it to become primary"
         return True
 
     def _check_configuration(self) -> None:
@@ -583,20 +594,28 @@ class BrokerNode:
             [self.config.name],
         )
         self.epoch = int(rows[0][0])
+        # A synchronous standby stays synchronous across its primary's
+        # restart: it would take over from a silent primary, so nothing may
+        # be acknowledged without it until it is told otherwise.
+        peer = self._fresh_peer()
+        keep = peer.name if peer is not None and peer.role == NodeRole.STANDBY else ""
         self.local.set_settings(
             {
                 "default_transaction_read_only": None,
                 "lazaretto.ha_mode": None,
-                "synchronous_standby_names": None,
+                "synchronous_standby_names": f'"{keep}"' if keep else None,
             }
         )
-        self.synchronous_standby = ""
-        self._standby_streaming_seen = None
+        self.synchronous_standby = keep
+        self._dropping = False
+        self._sync_pending = ""
+        self._standby_streaming_seen = self.clock() if keep else None
         self._slot_for = None
         self._peer = None
         # "alone": a pair's primary without its standby; "standalone": one
         # node with no peer at all (make run), nothing missing.
-        self._set_role(NodeRole.PRIMARY, "alone" if self.config.peer else "standalone")
+        mode = "synchronous" if keep else "alone" if self.config.peer else "standalone"
+        self._set_role(NodeRole.PRIMARY, mode)
         self._record(kind, f"{self.config.name} is primary at epoch {self.epoch}: {detail}")
         self.duties.start(self.epoch)
         if promoted:
@@ -636,27 +655,43 @@ class BrokerNode:
             self.local.ensure_slot(slot_name(peer.name))
             self._slot_for = peer.name
         replica = next((r for r in store.replicas if peer is None or r.name == peer.name), None)
+        # A standby counts as streaming while it replies: a frozen one keeps
+        # its connection (its kernel acknowledges) but sends no reply, and
+        # commits waiting for it must not outlive the heartbeat timeout.
         streaming = (
             replica is not None
             and replica.state == "streaming"
             and replica.lag_bytes < CAUGHT_UP_BYTES
+            and replica.reply_age is not None
+            and replica.reply_age <= self.config.timeout
         )
         now = self.clock()
-        if streaming and replica is not None:
-            self._standby_streaming_seen = now
-            if self.synchronous_standby != replica.name:
+        if streaming and replica is not None and replica.reply_age is not None:
+            self._standby_streaming_seen = now - replica.reply_age
+            self._dropping = False
+            if self.synchronous_standby != replica.name and self._sync_pending != replica.name:
+                # Commits wait for it once the server has taken the setting
+                # in (a reload is asynchronous): announced on the next step.
                 self.local.set_settings({"synchronous_standby_names": f'"{replica.name}"'})
+                self._sync_pending = replica.name
+            elif self.synchronous_standby != replica.name:
+                self._sync_pending = ""
                 self.synchronous_standby = replica.name
                 self.mode = "synchronous"
                 self._record(
                     HaEventKind.STANDBY_SYNCHRONOUS,
                     f"{replica.name} is synchronised: a write is answered once both stores have it",
                 )
-        elif self.synchronous_standby and (
-            self._standby_streaming_seen is None
-            or now - self._standby_streaming_seen > self.config.timeout
+        elif (
+            self.synchronous_standby
+            and (
+                self._standby_streaming_seen is None
+                or now - self._standby_streaming_seen > self.config.timeout
+            )
+            and self._standby_told(peer)
         ):
             lost = self.synchronous_standby
+            self._dropping = False
             self.local.set_settings({"synchronous_standby_names": None})
             self.synchronous_standby = ""
             self.mode = "alone"
@@ -675,6 +710,23 @@ class BrokerNode:
         wanted = "synchronising" if synchronising else ""
         if store.ha_mode != wanted:
             self.local.set_settings({"lazaretto.ha_mode": wanted or None})
+
+    def _standby_told(self, peer: PeerView | None) -> bool:
+        """Whether the synchronous standby, which stopped replying, knows it is
+        no longer synchronous, so that the primary may acknowledge writes
+        without it: its node is silent (then it cannot take over either: a
+        standby takes over only from a silent primary, and only while it
+        believes itself synchronous), or says it is not the standby any more.
+        Until then the status tells it so and commits keep waiting."""
+        if peer is None or peer.role != NodeRole.STANDBY:
+            return True
+        if not self._dropping:
+            self._dropping = True
+            self._say(
+                "primary",
+                f"{peer.name} stopped replying: telling it the primary goes on without it",
+            )
+        return False
 
     def _standby(self, store: Probe | None) -> None:
         now = self.clock()
@@ -884,7 +936,7 @@ class BrokerNode:
                 HaEventKind.RESOLVED, "picked by an admin to end the split brain", self._store
             )
         else:
-            self._resolved_loser = True
+            self._awaiting_primary = f"{primary} was picked as primary: waiting for it"
             self._peer = None
             self._set_role(NodeRole.DISCOVERING, f"{primary} picked as primary: rejoining it")
 

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ NODE_APPLICATION_NAME = "lazaretto-node"
 # Settings a node owns in its server's postgresql.auto.conf. A clone or a
 # rewind copies the source's file, so they are reset on the copy.
 MANAGED_SETTINGS = (
+    "wal_receiver_status_interval",
+    "wal_retrieve_retry_interval",
     "synchronous_standby_names",
     "default_transaction_read_only",
     "lazaretto.ha_mode",
@@ -48,6 +51,8 @@ MANAGED_SETTINGS = (
     "primary_slot_name",
 )
 TOOL_TIMEOUT_SECONDS = 600
+# How often a standby replies to its primary, idle or not.
+STATUS_INTERVAL_SECONDS = 1
 # How long one of the node's own statements may wait on a server (the
 # server's own statement_timeout, set below, ends it there first).
 STATEMENT_SECONDS = 12.0
@@ -92,6 +97,8 @@ class Replica:
     state: str
     sync_state: str
     lag_bytes: int
+    # Seconds since the standby last replied (None: never).
+    reply_age: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,8 @@ SELECT pg_is_in_recovery(),
 """
 REPLICAS_SQL = """
 SELECT application_name, state, sync_state,
-       coalesce(pg_current_wal_lsn() - coalesce(replay_lsn, '0/0'), 0)::bigint
+       coalesce(pg_current_wal_lsn() - coalesce(replay_lsn, '0/0'), 0)::bigint,
+       extract(epoch FROM clock_timestamp() - reply_time)::float8
 FROM pg_stat_replication
 """
 # The timeline a primary writes now (the first 8 hex digits of its WAL
@@ -231,7 +239,13 @@ class Server:
                 replicas: tuple[Replica, ...] = ()
                 if not row[0]:
                     replicas = tuple(
-                        Replica(name=r[0], state=r[1], sync_state=r[2], lag_bytes=int(r[3]))
+                        Replica(
+                            name=r[0],
+                            state=r[1],
+                            sync_state=r[2],
+                            lag_bytes=int(r[3]),
+                            reply_age=None if r[4] is None else max(0.0, float(r[4])),
+                        )
                         for r in conn.execute(REPLICAS_SQL).fetchall()
                     )
         except psycopg.Error as error:
@@ -277,12 +291,32 @@ class Server:
                 )
         self.execute("SELECT pg_reload_conf()")
 
-    def fence(self) -> None:
+    def fence(self, timeout: float = 5.0) -> None:
         """Make the server refuse new read-write sessions (applications
         asking ``target_session_attrs=read-write`` pass it by) and end the
-        applications' sessions; the nodes' own sessions stay."""
+        applications' sessions; the nodes' own sessions stay. The reload is
+        asynchronous: the sessions are ended once a new one is read-only, so
+        that none opened in between stays writable."""
         self.set_settings({"default_transaction_read_only": "on"})
+        deadline = time.monotonic() + timeout
+        while not self._new_sessions_read_only():
+            if time.monotonic() > deadline:
+                raise PostgresError(f"{self.describe()} still takes read-write sessions")
+            time.sleep(0.01)
         self.terminate_clients()
+
+    def _new_sessions_read_only(self) -> bool:
+        with (
+            StoreConnection.connect(
+                self.conninfo,
+                autocommit=True,
+                connect_timeout=2,
+                application_name=NODE_APPLICATION_NAME,
+            ) as conn,
+            limit(each=2.0, what="a fence check"),
+        ):
+            row = conn.execute("SHOW transaction_read_only").fetchone()
+        return row is not None and row[0] == "on"
 
     def unfence(self) -> None:
         self.set_settings({"default_transaction_read_only": None})
@@ -469,7 +503,16 @@ class Server:
         nothing else of the managed settings left from before or copied
         from the source."""
         reset: dict[str, str | None] = dict.fromkeys(MANAGED_SETTINGS)
-        reset.update({"primary_conninfo": primary_conninfo, "primary_slot_name": slot})
+        reset.update(
+            {
+                "primary_conninfo": primary_conninfo,
+                "primary_slot_name": slot,
+                # The primary judges the standby alive by its replies, and a
+                # restarted primary is followed again within a second.
+                "wal_receiver_status_interval": f"{STATUS_INTERVAL_SECONDS}s",
+                "wal_retrieve_retry_interval": f"{STATUS_INTERVAL_SECONDS}s",
+            }
+        )
         self.edit_auto_conf(reset)
         (self._data() / "standby.signal").touch()
         self._chown(self._data() / "standby.signal", self._data() / "postgresql.auto.conf")
