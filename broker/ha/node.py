@@ -797,7 +797,10 @@ class BrokerNode:
                 "standby", f"the primary is silent but {self.local.describe()} does not answer"
             )
             return
-        if self.peer_store is not None and self.peer_store.reachable(timeout=1.0):
+        # A postmaster that answers is alive: its server is fenced before
+        # this one promotes, however slow it is. One that does not answer at
+        # all (dead, frozen, cut off) takes no session either.
+        if self.peer_store is not None and self.peer_store.answers():
             try:
                 self.peer_store.fence()
             except Exception as error:
@@ -809,7 +812,7 @@ class BrokerNode:
                 return
             detail = "the primary node was silent; its store was fenced"
         else:
-            detail = "the primary node and its store were unreachable"
+            detail = "the primary node and its store's postmaster were unreachable"
         silent = now - self._primary_seen
         self._become_primary(
             HaEventKind.FAILOVER, f"{detail} for {silent:.1f} s (heartbeat timeout)", store

@@ -13,7 +13,6 @@ stopped): they belong to that server, and are not replicated.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -32,6 +31,7 @@ from psycopg import pq, sql
 from psycopg.abc import Query
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from broker.store import hosts
 from broker.store.deadline import StoreConnection, limit
 
 logger = logging.getLogger(__name__)
@@ -212,22 +212,13 @@ class Server:
                 self._connection.close()
         self._connection = None
 
-    def reachable(self, timeout: float = 1.0) -> bool:
-        """A new connection gets through and a query is answered, all within
-        ``timeout`` (libpq's connect_timeout allows no less than 2 s)."""
-
-        async def check() -> None:
-            conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, application_name=NODE_APPLICATION_NAME
-            )
-            async with conn:
-                await conn.execute("SELECT 1")
-
-        try:
-            asyncio.run(asyncio.wait_for(check(), timeout))
-            return True
-        except (psycopg.Error, OSError, TimeoutError):
-            return False
+    def answers(self) -> bool:
+        """The server's postmaster answers a connection's first message
+        within half a second: it is alive, however busy its sessions are."""
+        params = conninfo_to_dict(self.conninfo)
+        return hosts.answers(
+            str(params.get("host") or "/var/run/postgresql"), str(params.get("port") or 5432)
+        )
 
     def probe(self, timeout: float = 2.0) -> Probe | None:
         """The server's state, or None when it does not answer."""
