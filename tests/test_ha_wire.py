@@ -130,8 +130,8 @@ def node(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_node_without_ha_secret_outside_debug_refuses_to_start() -> None:
-    done = node()
+def test_a_node_of_a_pair_without_ha_secret_outside_debug_refuses_to_start() -> None:
+    done = node(HA_PEER=f"127.0.0.1:{free_port()}", HA_PEER_DATABASE_URL="postgres://u:p@h/db")
     assert done.returncode != 0
     assert "HA_SECRET is not set" in done.stderr
 

@@ -86,9 +86,10 @@ class Command(BaseCommand):
             )
         if settings.HA_PEER and settings.HA_PEER == settings.HA_LISTEN:
             raise CommandError(f"HA_PEER and HA_LISTEN are both {settings.HA_LISTEN}.")
-        if not settings.HA_SECRET and not settings.DEBUG:
+        if settings.HA_PEER and not settings.HA_SECRET and not settings.DEBUG:
             raise CommandError(
-                "HA_SECRET is not set: the nodes sign their heartbeats and commands with it. "
+                "HA_SECRET is not set: the nodes of a pair sign their heartbeats and commands "
+                "with it. "
                 "Give both nodes (and the web processes) the same long random value, e.g. "
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))'."
             )
