@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from broker.errors import StoreUnavailable
 from broker.ha.guard import refusal
-from broker.store.deadline import StoreTimeout, limit
+from broker.store.deadline import StoreConnection, StoreTimeout, limit
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stopping a backend needs root")
 
@@ -107,3 +107,39 @@ def test_a_console_page_on_a_frozen_server_answers_the_503_page(
     assert response.status_code == 503
     assert b"cannot take this request now" in response.content
     assert response["Retry-After"] == "2"
+
+
+def test_a_forked_child_keeps_its_limits(transactional_db: None) -> None:
+    """A worker process forked after its parent bounded a wait (Celery's
+    prefork, gunicorn) bounds its own: its watchdog starts afresh."""
+    with limit(each=0.5), connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # the parent's watchdog runs
+    conninfo = connection.connection.info.dsn + f" password={connection.settings_dict['PASSWORD']}"
+    pid = os.fork()
+    if pid == 0:  # the child: its own session, frozen by itself
+        code = 1
+        try:
+            with StoreConnection.connect(conninfo, autocommit=True) as conn:
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                backend = int(row[0])
+                os.kill(backend, signal.SIGSTOP)
+                started = time.monotonic()
+                try:
+                    with limit(each=0.5):
+                        conn.execute("SELECT 1")
+                except StoreTimeout:
+                    code = 0 if time.monotonic() - started < 1.5 else 2
+                finally:
+                    os.kill(backend, signal.SIGCONT)
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the child's limited wait never ended")

@@ -86,18 +86,22 @@ class _Watchdog:
     their deadline."""
 
     def __init__(self) -> None:
+        self._tokens = itertools.count()
+        self._reset()
+        # A forked child (gunicorn, Celery's prefork) has none of the
+        # parent's threads, and may inherit the lock held: it starts afresh.
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Condition()
         self._heap: list[tuple[float, int, int]] = []
         self._armed: dict[int, int] = {}
         self._fired: set[int] = set()
-        self._tokens = itertools.count()
-        self._pid = 0
+        self._running = False
 
     def _ensure_thread(self) -> None:
-        # A forked child (gunicorn, Celery's prefork) has no thread yet.
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._heap, self._armed, self._fired = [], {}, set()
+        if not self._running:
+            self._running = True
             threading.Thread(target=self._run, name="store-deadline", daemon=True).start()
 
     def arm(self, fd: int, deadline: float) -> int:

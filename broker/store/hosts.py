@@ -19,6 +19,7 @@ With every host passed over, all are tried in the given order.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
@@ -36,6 +37,15 @@ SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 _lock = threading.Lock()
 _silent_until: dict[tuple[str, str], float] = {}
 _refused_until: dict[tuple[str, str], float] = {}
+
+
+def _after_fork() -> None:
+    """A forked child may inherit the lock held: it gets its own."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def refused(host: str, port: str) -> None:
