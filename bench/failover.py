@@ -505,22 +505,16 @@ def inject(fault: str, primary: NodeProcess) -> list[int]:
         primary.kill()
         primary.cluster.kill()
         return []
-    stopped = primary.cluster.processes()
     if fault == "freeze":
         primary.signal(signal.SIGSTOP)
-    for pid in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
-    return stopped
+    return primary.cluster.freeze()
 
 
 def end_fault(options: Options, primary: NodeProcess, frozen: list[int]) -> None:
     if options.fault == "crash":
         primary.start(**options.node_env())
         return
-    for pid in frozen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    primary.cluster.thaw(frozen)
     if options.fault == "freeze":
         primary.signal(signal.SIGCONT)
 

@@ -151,6 +151,25 @@ class Cluster:
         ).stdout.split()
         return [pid, *map(int, children)]
 
+    def freeze(self) -> list[int]:
+        """SIGSTOP the postmaster (first: it forks no backend after) and every
+        process it started, skipping one that exits meanwhile; the stopped."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return []
+        stopped = []
+        for target in [pid, *self.processes()[1:]]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGSTOP)
+                stopped.append(target)
+        return stopped
+
+    @staticmethod
+    def thaw(stopped: list[int]) -> None:
+        for target in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGCONT)
+
     def signal(self, signum: int) -> None:
         for target in self.processes():
             with contextlib.suppress(ProcessLookupError):

@@ -452,16 +452,12 @@ def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself
         reader.start()
         time.sleep(1)
 
-        frozen = pair.a.cluster.processes()
         pair.a.signal(signal.SIGSTOP)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        frozen = pair.a.cluster.freeze()
         try:
             time.sleep(3 * TIMEOUT)
         finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            pair.a.cluster.thaw(frozen)
             pair.a.signal(signal.SIGCONT)
         thawed = time.monotonic()
         assert pair.role_of(pair.b) == "primary", pair.logs()
@@ -580,15 +576,11 @@ def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
         publisher.start()
         wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
         probe.start()
-        frozen = pair.a.cluster.processes()
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        frozen = pair.a.cluster.freeze()
         try:
             pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 10)
         finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            pair.a.cluster.thaw(frozen)
         pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
         wait_until(
             lambda: (pair.b.status() or {}).get("mode") == "synchronous",
@@ -688,15 +680,11 @@ def inject(pair: Pair, target: str, fault: str) -> float:
         time.sleep(TIMEOUT + 2)
         node.start()
     else:
-        frozen = node.cluster.processes()
         if fault == "freeze":
             node.signal(signal.SIGSTOP)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        frozen = node.cluster.freeze()
         time.sleep(3 * TIMEOUT)
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        node.cluster.thaw(frozen)
         if fault == "freeze":
             node.signal(signal.SIGCONT)
     return time.monotonic()
