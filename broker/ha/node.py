@@ -654,6 +654,22 @@ class BrokerNode:
         if peer is not None and self._slot_for != peer.name:
             self.local.ensure_slot(slot_name(peer.name))
             self._slot_for = peer.name
+        streaming = self._follow_standby(store, peer)
+        # A standby rejoining (rewinding, catching up) blocks configuration
+        # changes until it streams caught up, the moment it turns synchronous.
+        synchronising = (
+            peer is not None
+            and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY)
+            and not streaming
+        )
+        wanted = "synchronising" if synchronising else ""
+        if store.ha_mode != wanted:
+            self.local.set_settings({"lazaretto.ha_mode": wanted or None})
+
+    def _follow_standby(self, store: Probe, peer: PeerView | None) -> bool:
+        """Keep the standby synchronous while it streams and replies, and go on
+        alone once it has not for the heartbeat timeout and knows it; whether
+        it streams."""
         replica = next((r for r in store.replicas if peer is None or r.name == peer.name), None)
         # A standby counts as streaming while it replies: a frozen one keeps
         # its connection (its kernel acknowledges) but sends no reply, and
@@ -700,16 +716,7 @@ class BrokerNode:
                 f"{lost} lost for {self.config.timeout:g} s: the primary goes on alone "
                 "(asynchronous)",
             )
-        # A standby rejoining (rewinding, catching up) blocks configuration
-        # changes until it streams caught up, the moment it turns synchronous.
-        synchronising = (
-            peer is not None
-            and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY)
-            and not streaming
-        )
-        wanted = "synchronising" if synchronising else ""
-        if store.ha_mode != wanted:
-            self.local.set_settings({"lazaretto.ha_mode": wanted or None})
+        return streaming
 
     def _standby_told(self, peer: PeerView | None) -> bool:
         """Whether the synchronous standby, which stopped replying, knows it is
@@ -747,24 +754,7 @@ class BrokerNode:
             self._clone()
             return
         if peer is not None and peer.role == NodeRole.PRIMARY:
-            self._primary_seen = peer.seen
-            self.epoch = max(self.epoch, int(peer.status.get("epoch") or 0))
-            if store is not None and store.receiving:
-                self._not_receiving_since = None
-                self._rejoins_without_streaming = 0
-                synchronous = peer.status.get("synchronous_standby") == self.config.name
-                if self.role == NodeRole.SYNCHRONISING and synchronous:
-                    self._set_role(NodeRole.STANDBY, "synchronous")
-                elif self.role == NodeRole.STANDBY and not synchronous:
-                    self._set_role(NodeRole.SYNCHRONISING, "the primary goes on without it")
-            else:
-                if self._not_receiving_since is None:
-                    self._not_receiving_since = now
-                elif now - self._not_receiving_since > 3 * self.config.timeout:
-                    self._not_receiving_since = None
-                    if store is not None:
-                        self._say("standby", "the store does not follow the primary: rejoining")
-                        self._rejoin(store)
+            self._follow_primary(store, peer, now)
             return
         if peer is not None and peer.role in (NodeRole.SYNCHRONISING, NodeRole.STANDBY):
             # The former primary is rejoining after a switchover or a pause.
@@ -792,6 +782,34 @@ class BrokerNode:
                 "once the primary is back)",
             )
             return
+        self._take_over(store, silent=now - self._primary_seen)
+
+    def _follow_primary(self, store: Probe | None, peer: PeerView, now: float) -> None:
+        """The peer is primary: take its epoch, turn synchronous or not as it
+        says, and rejoin when the store has not followed it for 3 times the
+        timeout."""
+        self._primary_seen = peer.seen
+        self.epoch = max(self.epoch, int(peer.status.get("epoch") or 0))
+        if store is not None and store.receiving:
+            self._not_receiving_since = None
+            self._rejoins_without_streaming = 0
+            synchronous = peer.status.get("synchronous_standby") == self.config.name
+            if self.role == NodeRole.SYNCHRONISING and synchronous:
+                self._set_role(NodeRole.STANDBY, "synchronous")
+            elif self.role == NodeRole.STANDBY and not synchronous:
+                self._set_role(NodeRole.SYNCHRONISING, "the primary goes on without it")
+        else:
+            if self._not_receiving_since is None:
+                self._not_receiving_since = now
+            elif now - self._not_receiving_since > 3 * self.config.timeout:
+                self._not_receiving_since = None
+                if store is not None:
+                    self._say("standby", "the store does not follow the primary: rejoining")
+                    self._rejoin(store)
+
+    def _take_over(self, store: Probe | None, *, silent: float) -> None:
+        """The primary is silent and this standby synchronous: fence the
+        primary's server if it is alive, then promote this one."""
         if store is None:
             self._say(
                 "standby", f"the primary is silent but {self.local.describe()} does not answer"
@@ -813,7 +831,6 @@ class BrokerNode:
             detail = "the primary node was silent; its store was fenced"
         else:
             detail = "the primary node and its store's postmaster were unreachable"
-        silent = now - self._primary_seen
         self._become_primary(
             HaEventKind.FAILOVER, f"{detail} for {silent:.1f} s (heartbeat timeout)", store
         )
