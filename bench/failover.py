@@ -110,7 +110,13 @@ FAULTS = {
     "crash": "SIGKILL of the primary's node and PostgreSQL, the node then started again",
     "freeze": "the primary's node and PostgreSQL stopped (SIGSTOP) for 3 x the timeout",
     "server-freeze": "the primary's PostgreSQL stopped (SIGSTOP) for 3 x the timeout",
+    "isolated": (
+        "the primary's node and PostgreSQL, in a network namespace of their own, cut from "
+        "everything for 20 s (root)"
+    ),
 }
+# How long the primary stays cut off (fault "isolated").
+CUT_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -429,7 +435,7 @@ def failover_once(
     primary, standby = roles.primary, roles.standby
     warm_up(publisher, options.interval)
     killed = time.time()
-    frozen = inject(options.fault, primary)
+    frozen = inject(options.fault, pair, primary)
     # Until its PostgreSQL is dead or stopped, the old primary may still
     # commit, and acknowledge, a publish.
     dead = time.time()
@@ -471,10 +477,11 @@ def failover_once(
     )
 
     # The fault ends; the old primary rejoins as standby by itself.
-    if frozen:
-        time.sleep(max(0.0, killed + 3 * options.timeout - time.time()))
+    if frozen or options.fault == "isolated":
+        lasts = CUT_SECONDS if options.fault == "isolated" else 3 * options.timeout
+        time.sleep(max(0.0, killed + lasts - time.time()))
     rejoin_started = time.time()
-    end_fault(options, primary, frozen)
+    end_fault(options, pair, primary, frozen)
     roles.swap()
     wait_synchronous(pair, roles, REJOIN_TIMEOUT_SECONDS)
     rejoined = time.time()
@@ -499,20 +506,28 @@ def failover_once(
     )
 
 
-def inject(fault: str, primary: NodeProcess) -> list[int]:
+def inject(fault: str, pair: Pair, primary: NodeProcess) -> list[int]:
     """Hit ``primary`` with ``fault``; the processes it stopped (SIGSTOP)."""
     if fault == "crash":
         primary.kill()
         primary.cluster.kill()
+        return []
+    if fault == "isolated":
+        assert pair.network is not None
+        pair.network.isolate(primary.name)
         return []
     if fault == "freeze":
         primary.signal(signal.SIGSTOP)
     return primary.cluster.freeze()
 
 
-def end_fault(options: Options, primary: NodeProcess, frozen: list[int]) -> None:
+def end_fault(options: Options, pair: Pair, primary: NodeProcess, frozen: list[int]) -> None:
     if options.fault == "crash":
         primary.start(**options.node_env())
+        return
+    if options.fault == "isolated":
+        assert pair.network is not None
+        pair.network.heal()
         return
     primary.cluster.thaw(frozen)
     if options.fault == "freeze":
@@ -627,21 +642,30 @@ queue_create(name={QUEUE!r}, consumer="demo")
 @contextlib.contextmanager
 def running_pair(directory: Path, options: Options) -> Iterator[tuple[Pair, Roles]]:
     """A private redis-server and the durable pair, A primary and B its
-    synchronous standby; everything stopped and removed on the way out."""
+    synchronous standby (each in a network namespace of its own for the
+    fault "isolated"); everything stopped and removed on the way out."""
+    from tests import netns
     from tests.ha_harness import ha_pair
     from tests.harness import RedisServer
 
-    redis = RedisServer(directory)
-    try:
+    with contextlib.ExitStack() as stack:
+        network = None
+        if options.fault == "isolated":
+            why = netns.available()
+            if why:
+                raise BenchError(f"--fault isolated needs network namespaces: {why}")
+            network = stack.enter_context(netns.network("A", "B"))
+        redis = RedisServer(directory, host=network.host_address if network else "127.0.0.1")
+        stack.callback(redis.stop)
         redis.start()
-        with ha_pair(redis.url, dump_dir=directory / "dumps", durable=True) as pair:
-            roles = Roles(primary=pair.a, standby=pair.b)
-            pair.a.start(**options.node_env())
-            pair.b.start(**options.node_env())
-            wait_synchronous(pair, roles, REJOIN_TIMEOUT_SECONDS)
-            yield pair, roles
-    finally:
-        redis.stop()
+        pair = stack.enter_context(
+            ha_pair(redis.url, dump_dir=directory / "dumps", durable=True, network=network)
+        )
+        roles = Roles(primary=pair.a, standby=pair.b)
+        pair.a.start(**options.node_env())
+        pair.b.start(**options.node_env())
+        wait_synchronous(pair, roles, REJOIN_TIMEOUT_SECONDS)
+        yield pair, roles
 
 
 @contextlib.contextmanager

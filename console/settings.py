@@ -330,6 +330,10 @@ HA_DISCOVERY_TIMEOUT = env_float("HA_DISCOVERY_TIMEOUT", 30.0)
 HA_STARTUP_MODE = env_choice("HA_STARTUP_MODE", "auto", ("auto", "standalone"))
 # Signs the nodes' heartbeats and commands; blank: derived from SECRET_KEY.
 HA_SECRET = env_str("HA_SECRET", "")
+# The pair's witness (broker.ha.witness): a Redis both nodes reach, where the
+# primary holds a lease and every change of primary is granted. By default
+# the Redis the workers use, which the applications see too.
+HA_WITNESS_URL = env_redis_url("HA_WITNESS_URL", CELERY_BROKER_URL)
 
 # No caller waits on a dead or frozen server (broker.store.deadline): a web
 # request's waits on the store end after this many seconds together, and each

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -31,7 +32,8 @@ import psycopg
 
 from broker.errors import BrokerError
 from broker.ha import wire
-from tests.harness import ROOT, _alive, free_port, wait_until
+from tests.harness import ROOT, Workers, _alive, free_port, wait_until
+from tests.netns import Network
 
 PG_OS_USER = "lazaretto"
 PASSWORD = "ha-test-password"
@@ -53,10 +55,16 @@ def pg_bindir() -> Path:
     return versions[0].parent
 
 
-def as_owner(*command: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def as_owner(
+    *command: str, prefix: tuple[str, ...] = (), **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` as the clusters' owner (behind ``prefix``: a network
+    namespace's ``ip netns exec``)."""
     if os.geteuid() == 0:
         command = ("runuser", "-u", PG_OS_USER, "--", *command)
-    return subprocess.run(command, capture_output=True, text=True, cwd="/", check=False, **kwargs)
+    return subprocess.run(
+        (*prefix, *command), capture_output=True, text=True, cwd="/", check=False, **kwargs
+    )
 
 
 @dataclass
@@ -64,6 +72,9 @@ class Cluster:
     name: str
     base: Path
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    # What starts the server in its network namespace (tests.netns).
+    prefix: tuple[str, ...] = ()
 
     @property
     def data(self) -> Path:
@@ -79,11 +90,11 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgres://{ROLE}:{PASSWORD}@{self.host}:{self.port}/{DATABASE}"
 
     @property
     def options(self) -> str:
-        return f"-k {self.sockets} -c listen_addresses=127.0.0.1"
+        return f"-k {self.sockets} -c listen_addresses={self.host}"
 
     def connect(self, timeout: int = 3) -> psycopg.Connection[Any]:
         return psycopg.connect(self.url, autocommit=True, connect_timeout=timeout)
@@ -116,6 +127,13 @@ class Cluster:
             *("--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={password_file}"),
         )
         assert result.returncode == 0, result.stderr
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            # The nodes of tests.netns reach each other's server from their
+            # namespaces' addresses.
+            hba.write(
+                "host all all 10.213.0.0/16 scram-sha-256\n"
+                "host replication all 10.213.0.0/16 scram-sha-256\n"
+            )
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 "\nwal_log_hints = on\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
@@ -129,6 +147,7 @@ class Cluster:
             str(pg_bindir() / "pg_ctl"),
             *("start", "-D", str(self.data), "-w", "-l", str(self.log)),
             *("-o", f"-p {self.port} {self.options}"),
+            prefix=self.prefix,
         )
         assert result.returncode == 0, result.stderr + self.log.read_text()
 
@@ -138,6 +157,7 @@ class Cluster:
             str(pg_bindir() / "pg_ctl"),
             *("start", "-D", str(self.data), "-w", "-l", str(self.log)),
             *("-o", f"-p {self.port} {self.options} -c synchronous_standby_names="),
+            prefix=self.prefix,
         )
         assert result.returncode == 0, result.stderr + self.log.read_text()
 
@@ -241,12 +261,12 @@ class NodeProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.listen}"
+        return f"{self.cluster.host}:{self.listen}"
 
     def start(self, **extra_env: str) -> None:
         env = {**self.env, **extra_env}
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "broker_node", "--name", self.name],
+            [*self.cluster.prefix, sys.executable, "manage.py", "broker_node", "--name", self.name],
             cwd=ROOT,
             env=env,
             stdout=self.log.open("ab"),
@@ -289,6 +309,7 @@ class Pair:
     a: NodeProcess
     b: NodeProcess
     redis_url: str
+    network: Network | None = None
 
     @property
     def nodes(self) -> tuple[NodeProcess, NodeProcess]:
@@ -297,9 +318,10 @@ class Pair:
     @property
     def app_url(self) -> str:
         """What applications use: both servers, the read-write one wins."""
+        a, b = self.a.cluster, self.b.cluster
         return (
-            f"postgres://{ROLE}:{PASSWORD}@127.0.0.1:{self.a.cluster.port},127.0.0.1:"
-            f"{self.b.cluster.port}/{DATABASE}?target_session_attrs=read-write&connect_timeout=2"
+            f"postgres://{ROLE}:{PASSWORD}@{a.host}:{a.port},{b.host}:{b.port}/{DATABASE}"
+            "?target_session_attrs=read-write&connect_timeout=2"
         )
 
     def app_env(self) -> dict[str, str]:
@@ -384,18 +406,26 @@ def migrated_cluster(*, durable: bool) -> Path:
 
 
 @contextlib.contextmanager
-def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterator[Pair]:
+def ha_pair(
+    redis_url: str, *, dump_dir: Path, durable: bool = False, network: Network | None = None
+) -> Iterator[Pair]:
     """Cluster A copied from a migrated one, nodes A and B configured (not started);
     B's cluster is an empty directory its node fills from A (with A's
     postgresql.conf). ``durable`` leaves fsync on (the benches); the tests
-    turn it off for speed."""
+    turn it off for speed. With a ``network`` (members A and B), each node
+    and its server run in the member's namespace, at its address."""
     base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-", dir="/tmp"))
     if os.geteuid() == 0:
         shutil.chown(base, user=PG_OS_USER)
     (base / "run").mkdir()
     if os.geteuid() == 0:
         shutil.chown(base / "run", user=PG_OS_USER)
-    a, b = Cluster("A", base), Cluster("B", base)
+    a, b = (
+        Cluster(name, base)
+        if network is None
+        else Cluster(name, base, host=network.address(name), prefix=tuple(network.prefix(name)))
+        for name in ("A", "B")
+    )
     pair = None
     try:
         copied = as_owner("cp", "-a", str(migrated_cluster(durable=durable)), str(a.data))
@@ -420,8 +450,8 @@ def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterato
             return {
                 **common,
                 "DATABASE_URL": me.url,
-                "HA_LISTEN": f"127.0.0.1:{listen}",
-                "HA_PEER": f"127.0.0.1:{peer_listen}",
+                "HA_LISTEN": f"{me.host}:{listen}",
+                "HA_PEER": f"{peer.host}:{peer_listen}",
                 "HA_PEER_DATABASE_URL": peer.url,
                 "HA_PGDATA": str(me.data),
                 "HA_PG_OPTIONS": me.options,
@@ -434,7 +464,7 @@ def ha_pair(redis_url: str, *, dump_dir: Path, durable: bool = False) -> Iterato
         node_b = NodeProcess(
             "B", b, a, listen_b, listen_a, base / "node-B.log", node_env(b, a, listen_b, listen_a)
         )
-        pair = Pair(base=base, a=node_a, b=node_b, redis_url=redis_url)
+        pair = Pair(base=base, a=node_a, b=node_b, redis_url=redis_url, network=network)
         yield pair
     finally:
         if pair is not None:
@@ -533,3 +563,116 @@ from console.tokens import token_create
 user, _ = User.objects.get_or_create(username="ha-admin", defaults={"is_superuser": True, "is_staff": True})
 print(token_create(user=user, name=f"ha-{User.objects.count()}-{__import__('time').time()}")[1])
 """
+
+
+# -- what the tests send through the pair ---------------------------------------
+
+QUEUE = "HA.ORDERS"
+
+
+def start_pair(pair: Pair) -> None:
+    pair.a.start()
+    pair.b.start()
+    pair.wait_roles({"A": "primary", "B": "standby"})
+    wait_until(
+        lambda: (pair.a.status() or {}).get("mode") == "synchronous",
+        timeout=30,
+        what="synchronous replication",
+    )
+
+
+def shell(env: dict[str, str], code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def make_queue(env: dict[str, str]) -> None:
+    shell(
+        env,
+        "from broker.models import Queue; "
+        f"Queue.objects.get_or_create(name={QUEUE!r}, defaults={{'consumer': 'demo'}})",
+    )
+
+
+class Publisher(threading.Thread):
+    """Publishes p-0, p-1, … one at a time through the API, each retried
+    until answered 201 (what a client of a failing-over server does)."""
+
+    def __init__(self, web: WebServer) -> None:
+        super().__init__(daemon=True)
+        self.web = web
+        self.acked: list[str] = []
+        self.ack_times: list[float] = []
+        self.failures = 0
+        self.longest_gap = 0.0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        number = 0
+        last_ack = time.monotonic()
+        while not self.stopping.is_set():
+            payload = f"p-{number}"
+            status, _ = self.web.publish(QUEUE, payload)
+            if status == 201:
+                now = time.monotonic()
+                self.longest_gap = max(self.longest_gap, now - last_ack)
+                last_ack = now
+                self.acked.append(payload)
+                self.ack_times.append(now)
+                number += 1
+            else:
+                self.failures += 1
+                time.sleep(0.05)
+
+    def gap_around(self, start: float, end: float) -> float:
+        """The longest time without a 201, from the last one before ``start``
+        to the first after ``end``."""
+        times = list(self.ack_times)
+        before = [t for t in times if t < start][-1:]
+        inside = [t for t in times if start <= t <= end]
+        after = [t for t in times if t > end][:1]
+        window = before + inside + after
+        return max((b - a for a, b in itertools.pairwise(window)), default=0.0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+
+
+def serve_the_pair(pair: Pair, tmp_path: Path) -> tuple[WebServer, Workers]:
+    """The pair started and synchronous, the test queue made, gunicorn and
+    Celery workers on its multi-host URL, their store waits bounded by the
+    heartbeat timeout."""
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    workers = Workers(
+        tmp_path,
+        pair.redis_url,
+        beat=False,
+        extra_env={"DATABASE_URL": pair.app_url, "LAZARETTO_STORE_TIMEOUT_SECONDS": str(TIMEOUT)},
+    )
+    workers.start()
+    return web, workers
+
+
+def payloads_in(pair: Pair, cluster_name: str) -> list[str]:
+    cluster = pair.a.cluster if cluster_name == "A" else pair.b.cluster
+    rows = cluster.query(
+        "SELECT convert_from(m.payload, 'UTF8') FROM broker_message m "
+        "JOIN broker_queue q ON q.id = m.queue_id WHERE q.name = %s",
+        [QUEUE],
+    )
+    return [row[0] for row in rows]

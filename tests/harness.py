@@ -77,17 +77,19 @@ class RedisServer:
     directory: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is missing: scripts/services.sh installs it"
         self.process = subprocess.Popen(
             [
-                *(binary, "--bind", "127.0.0.1", "--port", str(self.port)),
+                *(binary, "--bind", self.host, "--port", str(self.port)),
+                *("--protected-mode", "no"),
                 *("--save", "", "--appendonly", "no", "--dir", str(self.directory)),
             ],
             stdout=subprocess.DEVNULL,
@@ -98,7 +100,7 @@ class RedisServer:
 
     def _answers(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
                 return sock.recv(16).startswith(b"+PONG")
         except OSError:

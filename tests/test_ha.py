@@ -5,11 +5,8 @@ stopped and restarted."""
 from __future__ import annotations
 
 import base64
-import contextlib
-import itertools
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -22,12 +19,23 @@ from typing import Any
 import pytest
 
 from broker.ha import wire
-from tests.ha_harness import TIMEOUT, Pair, WebServer, WritableProbe, ha_pair
+from tests.ha_harness import (
+    QUEUE,
+    TIMEOUT,
+    Pair,
+    Publisher,
+    WebServer,
+    WritableProbe,
+    ha_pair,
+    make_queue,
+    payloads_in,
+    serve_the_pair,
+    shell,
+    start_pair,
+)
 from tests.harness import ROOT, RedisServer, Workers, wait_until
 
 pytestmark = pytest.mark.slow
-
-QUEUE = "HA.ORDERS"
 
 
 @pytest.fixture
@@ -39,114 +47,6 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
             yield made
     finally:
         redis.stop()
-
-
-def start_pair(pair: Pair) -> None:
-    pair.a.start()
-    pair.b.start()
-    pair.wait_roles({"A": "primary", "B": "standby"})
-    wait_until(
-        lambda: (pair.a.status() or {}).get("mode") == "synchronous",
-        timeout=30,
-        what="synchronous replication",
-    )
-
-
-def shell(env: dict[str, str], code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def make_queue(env: dict[str, str]) -> None:
-    shell(
-        env,
-        "from broker.models import Queue; "
-        f"Queue.objects.get_or_create(name={QUEUE!r}, defaults={{'consumer': 'demo'}})",
-    )
-
-
-class Publisher(threading.Thread):
-    """Publishes p-0, p-1, … one at a time through the API, each retried
-    until answered 201 (what a client of a failing-over server does)."""
-
-    def __init__(self, web: WebServer) -> None:
-        super().__init__(daemon=True)
-        self.web = web
-        self.acked: list[str] = []
-        self.ack_times: list[float] = []
-        self.failures = 0
-        self.longest_gap = 0.0
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        number = 0
-        last_ack = time.monotonic()
-        while not self.stopping.is_set():
-            payload = f"p-{number}"
-            status, _ = self.web.publish(QUEUE, payload)
-            if status == 201:
-                now = time.monotonic()
-                self.longest_gap = max(self.longest_gap, now - last_ack)
-                last_ack = now
-                self.acked.append(payload)
-                self.ack_times.append(now)
-                number += 1
-            else:
-                self.failures += 1
-                time.sleep(0.05)
-
-    def gap_around(self, start: float, end: float) -> float:
-        """The longest time without a 201, from the last one before ``start``
-        to the first after ``end``."""
-        times = list(self.ack_times)
-        before = [t for t in times if t < start][-1:]
-        inside = [t for t in times if start <= t <= end]
-        after = [t for t in times if t > end][:1]
-        window = before + inside + after
-        return max((b - a for a, b in itertools.pairwise(window)), default=0.0)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=30)
-
-
-def serve_the_pair(pair: Pair, tmp_path: Path) -> tuple[WebServer, Workers]:
-    """The pair started and synchronous, the test queue made, gunicorn and
-    Celery workers on its multi-host URL, their store waits bounded by the
-    heartbeat timeout."""
-    start_pair(pair)
-    env = pair.app_env()
-    make_queue(env)
-    web = WebServer(env, tmp_path / "web.log")
-    web.start()
-    workers = Workers(
-        tmp_path,
-        pair.redis_url,
-        beat=False,
-        extra_env={"DATABASE_URL": pair.app_url, "LAZARETTO_STORE_TIMEOUT_SECONDS": str(TIMEOUT)},
-    )
-    workers.start()
-    return web, workers
-
-
-def payloads_in(pair: Pair, cluster_name: str) -> list[str]:
-    cluster = pair.a.cluster if cluster_name == "A" else pair.b.cluster
-    rows = cluster.query(
-        "SELECT convert_from(m.payload, 'UTF8') FROM broker_message m "
-        "JOIN broker_queue q ON q.id = m.queue_id WHERE q.name = %s",
-        [QUEUE],
-    )
-    return [row[0] for row in rows]
 
 
 def test_failover_keeps_every_acknowledged_publish_and_the_old_primary_rejoins(
@@ -376,8 +276,12 @@ def split_brain_and_resolve(pair: Pair, web: WebServer) -> None:
     )
     a.stop()
 
-    # A restarted standalone acts as primary while B is: both go to maintenance.
-    pair.a.start(HA_STARTUP_MODE="standalone")
+    # A restarted standalone, with a witness of its own (the witness would
+    # refuse it the term B holds), acts as primary while B is: both go to
+    # maintenance.
+    pair.a.start(
+        HA_STARTUP_MODE="standalone", HA_WITNESS_URL=pair.redis_url.rsplit("/", 1)[0] + "/15"
+    )
     pair.wait_roles({"A": "maintenance", "B": "maintenance"}, timeout=60)
     status, body = web.publish(QUEUE, "during split brain")
     assert status == 503, body
@@ -628,21 +532,30 @@ def test_a_node_restarted_with_another_secret_causes_no_failover(pair: Pair) -> 
     assert "failover" not in kinds
 
 
-def test_a_node_refuses_to_run_on_a_store_it_could_not_rewind_or_a_peer_that_is_itself(
+def test_a_node_refuses_to_run_on_a_store_it_could_not_rewind_or_a_peer_that_is_not_its_copy(
     pair: Pair,
 ) -> None:
     a = pair.a
-    itself = subprocess.run(
-        [sys.executable, "manage.py", "broker_node", "--name", "A"],
-        cwd=ROOT,
-        env={**a.env, "HA_PEER_DATABASE_URL": a.cluster.url},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+
+    def run_with_peer_store(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", "broker_node", "--name", "A"],
+            cwd=ROOT,
+            env={**a.env, "HA_PEER_DATABASE_URL": url},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+
+    itself = run_with_peer_store(a.cluster.url)
     assert itself.returncode != 0
     assert "HA_PEER_DATABASE_URL reaches this node's own server" in itself.stderr
+    # The suite's own server: another cluster, not a copy of A's.
+    stranger = run_with_peer_store(os.environ["DATABASE_URL"])
+    assert stranger.returncode != 0
+    assert "a server of another cluster (system identifier" in stranger.stderr
+    assert "Empty this node's HA_PGDATA to have it cloned from the peer" in stranger.stderr
 
     a.cluster.query("ALTER SYSTEM SET wal_log_hints = off")
     a.cluster.stop()
@@ -652,153 +565,3 @@ def test_a_node_refuses_to_run_on_a_store_it_could_not_rewind_or_a_peer_that_is_
     assert "wal_log_hints is off" in no_hints.stderr
     [(role_rows,)] = a.cluster.query("SELECT count(*) FROM broker_node")
     assert role_rows == 0
-
-
-# -- a sequence of faults ---------------------------------------------------------------
-
-# (target, fault): what each step may do to the pair. "primary" and "standby"
-# are the roles at the step's start.
-FAULTS = [
-    ("primary", "server-crash"),  # SIGKILL of its postmaster and backends
-    ("primary", "node-crash"),  # SIGKILL of its node; started again after the failover
-    ("primary", "crash"),  # both; the node started again
-    ("primary", "freeze"),  # SIGSTOP of its node and server for 3 x the timeout
-    ("primary", "server-freeze"),  # SIGSTOP of its server for 3 x the timeout
-    ("standby", "crash"),
-    ("standby", "freeze"),
-]
-SEQUENCE_LENGTH = 6
-
-
-def inject(pair: Pair, target: str, fault: str) -> float:
-    """Hit the node in role ``target`` with ``fault`` until the fault ends;
-    the time it ended (monotonic)."""
-    primary = next(node for node in pair.nodes if pair.role_of(node) == "primary")
-    node = primary if target == "primary" else next(n for n in pair.nodes if n is not primary)
-    if fault == "server-crash":
-        node.cluster.kill()
-    elif fault == "node-crash":
-        node.kill()
-        other = next(n for n in pair.nodes if n is not node)
-        pair.wait_roles({other.name: "primary"}, timeout=TIMEOUT + 10)
-        node.start()
-    elif fault == "crash":
-        node.kill()
-        node.cluster.kill()
-        time.sleep(TIMEOUT + 2)
-        node.start()
-    else:
-        if fault == "freeze":
-            node.signal(signal.SIGSTOP)
-        frozen = node.cluster.freeze()
-        time.sleep(3 * TIMEOUT)
-        node.cluster.thaw(frozen)
-        if fault == "freeze":
-            node.signal(signal.SIGCONT)
-    return time.monotonic()
-
-
-def where(pair: Pair, payloads: list[str]) -> str:
-    """Where else the servers have these payloads (any queue, any state)."""
-    found = []
-    for node in pair.nodes:
-        with contextlib.suppress(Exception):
-            found.append(
-                (
-                    node.name,
-                    node.cluster.query(
-                        "SELECT q.name, m.state, m.id FROM broker_message m "
-                        "JOIN broker_queue q ON q.id = m.queue_id "
-                        "WHERE convert_from(m.payload, 'UTF8') = ANY(%s)",
-                        [payloads],
-                    ),
-                )
-            )
-    return f"found {found}"
-
-
-def healed(pair: Pair) -> bool:
-    """One primary, synchronous, and the other node its standby."""
-    roles = {node.name: pair.role_of(node) for node in pair.nodes}
-    primaries = [node for node in pair.nodes if roles[node.name] == "primary"]
-    return (
-        len(primaries) == 1
-        and sorted(str(role) for role in roles.values()) == ["primary", "standby"]
-        and (primaries[0].status() or {}).get("mode") == "synchronous"
-    )
-
-
-def test_a_random_sequence_of_faults_each_heals_and_loses_nothing(
-    pair: Pair, tmp_path: Path
-) -> None:
-    """Faults drawn at random (seed 1 unless LAZARETTO_FAULT_SEED names another), one
-    after another, each once the pair healed from the last, under a client
-    publishing over the API and workers delivering. After each: the pair is
-    primary plus synchronous standby again within 60 s of the fault's end;
-    no acknowledged publish is missing; publishing stopped for at most the
-    heartbeat timeout + 2 s (+ 1 s for this client's polling and the
-    machine); and at no moment did both servers take read-write sessions,
-    but for the instant between a frozen primary's thaw and its node's first
-    step (which fences it; no write there is acknowledged, its synchronous
-    standby being gone)."""
-    seed = int(os.environ.get("LAZARETTO_FAULT_SEED") or 1)
-    rng = random.Random(seed)
-    sequence = [rng.choice(FAULTS) for _ in range(SEQUENCE_LENGTH)]
-    web, workers = serve_the_pair(pair, tmp_path)
-    publisher = Publisher(web)
-    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
-    what = f"seed {seed}, sequence {sequence}"
-    try:
-        publisher.start()
-        probe.start()
-        wait_until(lambda: len(publisher.acked) >= 20, timeout=60, what="publishing")
-        for step, (target, fault) in enumerate(sequence, 1):
-            started = time.monotonic()
-            ended = inject(pair, target, fault)
-            try:
-                wait_until(lambda: healed(pair), timeout=60, interval=0.2, what="the pair healed")
-            except AssertionError as error:
-                raise AssertionError(
-                    f"step {step} ({target} {fault}), {what}: {error}\n{pair.logs()}"
-                ) from None
-            healed_at = time.monotonic()
-            resumed = len(publisher.acked) + 5
-            wait_until(lambda: len(publisher.acked) >= resumed, timeout=30, what="publishing")  # noqa: B023
-            primary = next(node for node in pair.nodes if pair.role_of(node) == "primary")
-            acked_so_far = list(publisher.acked)  # before the read: it goes on growing
-            stored = set(payloads_in(pair, primary.name))
-            missing = [p for p in acked_so_far if p not in stored]
-            assert not missing, (
-                f"step {step} ({target} {fault}), {what}: lost {missing[:10]}; "
-                f"{where(pair, missing)}\n{pair.logs()}"
-            )
-            gap = publisher.gap_around(started, healed_at)
-            assert gap <= TIMEOUT + 2 + 1, (
-                f"step {step} ({target} {fault}), {what}: gap {gap:.1f} s\n{pair.logs()}"
-            )
-            thaw = (ended, ended + 1.0) if (target, fault) == ("primary", "freeze") else None
-            both = [
-                t
-                for t in probe.both_writable
-                if started <= t <= healed_at and not (thaw and thaw[0] <= t <= thaw[1])
-            ]
-            assert not both, f"step {step} ({target} {fault}), {what}: both writable {both}"
-        publisher.stop()
-        probe.stop()
-        primary = next(node for node in pair.nodes if pair.role_of(node) == "primary")
-        stored_list = payloads_in(pair, primary.name)
-        # Twice only a publish the client did not learn the outcome of.
-        assert len(stored_list) - len(set(stored_list)) <= publisher.failures
-
-        def all_delivered() -> bool:
-            [(waiting,)] = primary.cluster.query(
-                "SELECT count(*) FROM broker_message WHERE state <> 'DLVD'"
-            )
-            return waiting == 0
-
-        wait_until(all_delivered, timeout=90, what=f"every message delivered ({what})")
-    finally:
-        publisher.stopping.set()
-        probe.stopping.set()
-        workers.stop()
-        web.stop()

@@ -48,6 +48,7 @@ from broker.errors import (
 from broker.ha import wire
 from broker.ha.diverged import diverged_export
 from broker.ha.postgres import PostgresError, Probe, Server, slot_name
+from broker.ha.witness import Witness, WitnessRefused, WitnessUnreachable
 from broker.models import HaEventKind, NodeRole
 
 logger = logging.getLogger(__name__)
@@ -109,9 +110,13 @@ class BrokerNode:
         local: Server,
         peer_store: Server | None,
         duties: Duties,
+        witness: Witness | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if config.peer and witness is None:
+            raise HaMisconfigured("a node with a peer needs a witness (HA_WITNESS_URL)")
         self.config = config
+        self.witness = witness
         self.local = local
         self.peer_store = peer_store
         self.duties = duties
@@ -141,9 +146,8 @@ class BrokerNode:
         self._configuration_checked = False
         # A standby named in synchronous_standby_names, not yet announced.
         self._sync_pending = ""
-        # The synchronous standby stopped replying and is being told that the
-        # primary goes on without it (the status names no synchronous standby).
-        self._dropping = False
+        # When (monotonic) the last renewal the witness granted was sent.
+        self._witness_granted = -float("inf")
         # Rejoins since the store last streamed from the primary: a second
         # one clones instead of rewinding.
         self._rejoins_without_streaming = 0
@@ -183,7 +187,7 @@ class BrokerNode:
             "suspended": self.suspended(),
             "store": None if store is None else ("standby" if store.in_recovery else "primary"),
             "lsn": None if store is None else store.lsn,
-            "synchronous_standby": "" if self._dropping else self.synchronous_standby,
+            "synchronous_standby": self.synchronous_standby,
             "peer": None if peer is None else peer.name,
             "peer_address": None if peer is None else peer.status.get("address"),
             "peer_seen_seconds_ago": None if peer is None else round(self.clock() - peer.seen, 3),
@@ -364,6 +368,9 @@ class BrokerNode:
         self._store = self.local.probe()
         if self._store is not None:
             self._store_lost_since = None
+            if self.witness is not None and not self.witness.bound:
+                # The pair's keys are named after its cluster.
+                self.witness.bind(str(self.local.identity().system_identifier))
         elif self._store_lost_since is None:
             self._store_lost_since = now
         while not self._commands.empty():
@@ -400,14 +407,12 @@ class BrokerNode:
             self.config.name,
             paused,
         )
-        self.duties.stop()
         if self.role == NodeRole.PRIMARY:
-            try:
-                self.local.fence()
-            except Exception as error:
-                logger.warning("ha: could not fence the local store: %s", error)
+            self._step_down("back from a pause")
+        else:
+            self.duties.stop()
+            self._set_role(NodeRole.DISCOVERING, "back from a pause")
         self._peer = None
-        self._set_role(NodeRole.DISCOVERING, "back from a pause")
 
     def _set_role(self, role: NodeRole, mode: str) -> None:
         if role != self.role:
@@ -501,6 +506,7 @@ class BrokerNode:
             return False
         silent = self.clock() - lost
         self.local.kill()
+        self._release_lease()
         try:
             self._call("promote", epoch=self.epoch, reason="handover", silent=round(silent, 1))
         except BrokerError as error:
@@ -578,20 +584,39 @@ class BrokerNode:
         if rows:
             self.epoch = max(self.epoch, int(rows[0][0]))
 
-    def _become_primary(self, kind: HaEventKind, detail: str, store: Probe | None) -> None:
+    def _granted_epoch(self, *, takeover: bool) -> int | None:
+        """The epoch the witness grants this node to be primary in (0 for a
+        node without a peer, which needs no grant); None, said why, if not."""
+        if self.witness is None:
+            return 0
+        try:
+            return self.witness.begin(self.config.name, epoch=self.epoch, takeover=takeover)
+        except (WitnessRefused, WitnessUnreachable) as error:
+            self._say("witness", f"not becoming primary: {error}")
+            return None
+
+    def _become_primary(
+        self, kind: HaEventKind, detail: str, store: Probe | None, *, granted: int | None = None
+    ) -> None:
+        """Promote the store (a standby's) and open the next epoch, once the
+        witness granted it (``granted``: already, to a takeover)."""
+        if granted is None:
+            granted = self._granted_epoch(takeover=False)
+            if granted is None:
+                return
         promoted = store is not None and store.in_recovery
         if promoted:
             self.local.promote()
         rows = self.local.execute(
             """
             INSERT INTO broker_hapair (id, epoch, primary_name, changed_at)
-            VALUES (1, 1, %s, now())
+            VALUES (1, GREATEST(1, %(granted)s), %(name)s, now())
             ON CONFLICT (id) DO UPDATE
-               SET epoch = broker_hapair.epoch + 1, primary_name = excluded.primary_name,
-                   changed_at = now()
+               SET epoch = GREATEST(broker_hapair.epoch + 1, %(granted)s),
+                   primary_name = excluded.primary_name, changed_at = now()
             RETURNING epoch
             """,
-            [self.config.name],
+            {"name": self.config.name, "granted": granted},
         )
         self.epoch = int(rows[0][0])
         # A synchronous standby stays synchronous across its primary's
@@ -607,8 +632,12 @@ class BrokerNode:
             }
         )
         self.synchronous_standby = keep
-        self._dropping = False
         self._sync_pending = ""
+        self._witness_granted = self.clock()
+        if keep and self.local.wait_setting("synchronous_standby_names", f'"{keep}"'):
+            # The witness names the kept standby (which may then take over)
+            # once every commit waits for it.
+            self._hold_term()
         self._standby_streaming_seen = self.clock() if keep else None
         self._slot_for = None
         self._peer = None
@@ -636,6 +665,8 @@ class BrokerNode:
             self._say("primary", "the store was fenced by the peer: the peer took over")
             self.duties.stop()
             self._set_role(NodeRole.DISCOVERING, "fenced by the peer")
+            return
+        if not self._hold_term():
             return
         peer = self._fresh_peer()
         if peer is not None and peer.role == NodeRole.PRIMARY and peer.seen > self._role_since:
@@ -684,7 +715,6 @@ class BrokerNode:
         now = self.clock()
         if streaming and replica is not None and replica.reply_age is not None:
             self._standby_streaming_seen = now - replica.reply_age
-            self._dropping = False
             if self.synchronous_standby != replica.name and self._sync_pending != replica.name:
                 # Commits wait for it once the server has taken the setting
                 # in (a reload is asynchronous): announced on the next step.
@@ -704,11 +734,17 @@ class BrokerNode:
                 self._standby_streaming_seen is None
                 or now - self._standby_streaming_seen > self.config.timeout
             )
-            and self._standby_told(peer)
+            and self._witness_drops(self.synchronous_standby)
         ):
             lost = self.synchronous_standby
-            self._dropping = False
             self.local.set_settings({"synchronous_standby_names": None})
+            # Its walsender, on a link that may be cut, would hold the slot
+            # (and the standby out) until wal_sender_timeout.
+            self.local.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_replication "
+                "WHERE application_name = %s",
+                [lost],
+            )
             self.synchronous_standby = ""
             self.mode = "alone"
             self._record(
@@ -718,22 +754,57 @@ class BrokerNode:
             )
         return streaming
 
-    def _standby_told(self, peer: PeerView | None) -> bool:
-        """Whether the synchronous standby, which stopped replying, knows it is
-        no longer synchronous, so that the primary may acknowledge writes
-        without it: its node is silent (then it cannot take over either: a
-        standby takes over only from a silent primary, and only while it
-        believes itself synchronous), or says it is not the standby any more.
-        Until then the status tells it so and commits keep waiting."""
-        if peer is None or peer.role != NodeRole.STANDBY:
+    def _witness_drops(self, standby: str) -> bool:
+        """Whether the witness recorded that the primary goes on without
+        ``standby``, which stopped replying: from then on the standby cannot
+        take over (its grant asks to be the term's standby), so writes may be
+        acknowledged without it. Until then commits keep waiting."""
+        if self.witness is None:
             return True
-        if not self._dropping:
-            self._dropping = True
-            self._say(
-                "primary",
-                f"{peer.name} stopped replying: telling it the primary goes on without it",
-            )
-        return False
+        try:
+            self.witness.renew(self.config.name, epoch=self.epoch, standby="")
+        except (WitnessRefused, WitnessUnreachable) as error:
+            self._say("primary", f"{standby} stopped replying; commits wait for it: {error}")
+            return False
+        return True
+
+    def _hold_term(self) -> bool:
+        """Renew this primary's lease with the witness. False once the
+        primary stepped down: the witness granted the term to the standby,
+        or neither the witness nor the standby has answered for half the
+        timeout while the standby is synchronous (it may be taking over)."""
+        if self.witness is None:
+            return True
+        sent = self.clock()
+        try:
+            self.witness.renew(self.config.name, epoch=self.epoch, standby=self.synchronous_standby)
+            self._witness_granted = sent
+            return True
+        except WitnessRefused as refused:
+            self._step_down(f"the witness refused the lease: {refused}")
+            return False
+        except WitnessUnreachable as error:
+            peer = self._peer
+            heard = max(self._witness_granted, peer.seen if peer is not None else -float("inf"))
+            if self.synchronous_standby and sent - heard > self.config.timeout / 2:
+                self._step_down(
+                    f"neither the witness nor {self.synchronous_standby} answered for "
+                    f"{sent - heard:.1f} s: the standby may be taking over"
+                )
+                return False
+            self._say("witness", str(error))
+            return True
+
+    def _step_down(self, reason: str) -> None:
+        """Stop being primary: duties stop and the store is fenced before
+        anything else, then the node discovers its role again."""
+        self.duties.stop()
+        try:
+            self.local.fence()
+        except Exception as error:
+            logger.warning("ha: could not fence the local store: %s", error)
+        self._set_role(NodeRole.DISCOVERING, reason)
+        self._say("primary", f"stepped down: {reason}")
 
     def _standby(self, store: Probe | None) -> None:
         now = self.clock()
@@ -808,31 +879,35 @@ class BrokerNode:
                     self._rejoin(store)
 
     def _take_over(self, store: Probe | None, *, silent: float) -> None:
-        """The primary is silent and this standby synchronous: fence the
-        primary's server if it is alive, then promote this one."""
+        """The primary is silent and this standby synchronous: once the
+        witness grants it the next epoch (the primary's lease lapsed and the
+        primary never dropped this standby), fence the primary's server if it
+        answers, and promote this one."""
         if store is None:
             self._say(
                 "standby", f"the primary is silent but {self.local.describe()} does not answer"
             )
             return
+        self._read_epoch()  # a restart of the primary's may have opened an epoch unheard
+        granted = self._granted_epoch(takeover=True)
+        if granted is None:
+            return
         # A postmaster that answers is alive: its server is fenced before
-        # this one promotes, however slow it is. One that does not answer at
-        # all (dead, frozen, cut off) takes no session either.
+        # this one promotes. One that does not answer (dead, frozen, cut off)
+        # takes no session; its node, refused by the witness, fences it, and
+        # its commits wait for this standby anyway.
+        detail = "the primary node and its store's postmaster were unreachable"
         if self.peer_store is not None and self.peer_store.answers():
             try:
                 self.peer_store.fence()
+                detail = "the primary node was silent; its store was fenced"
             except Exception as error:
-                self._say(
-                    "standby",
-                    f"the primary node is silent but its store answers and could not be "
-                    f"fenced ({error}): not promoting",
-                )
-                return
-            detail = "the primary node was silent; its store was fenced"
-        else:
-            detail = "the primary node and its store's postmaster were unreachable"
+                detail = f"the primary node was silent; its store could not be fenced ({error})"
         self._become_primary(
-            HaEventKind.FAILOVER, f"{detail} for {silent:.1f} s (heartbeat timeout)", store
+            HaEventKind.FAILOVER,
+            f"{detail} for {silent:.1f} s (heartbeat timeout)",
+            store,
+            granted=granted,
         )
 
     def _maintenance(self, store: Probe | None) -> None:
@@ -843,6 +918,7 @@ class BrokerNode:
 
     def _enter_maintenance(self, reason: str) -> None:
         self.duties.stop()
+        self._release_lease()
         self.local.set_settings({"lazaretto.ha_mode": "maintenance"})
         self.local.terminate_clients()
         self._set_role(NodeRole.MAINTENANCE, reason)
@@ -857,6 +933,17 @@ class BrokerNode:
             raise PostgresError("the peer's store is not configured (HA_PEER_DATABASE_URL)")
         params = conninfo_to_dict(self.peer_store.conninfo)
         params["application_name"] = self.config.name
+        # The standby's walreceiver finds a cut link within the timeout, and
+        # connects again (wal_retrieve_retry_interval) once it heals.
+        seconds = max(1, round(self.config.timeout))
+        params.update(
+            connect_timeout=seconds,
+            keepalives=1,
+            keepalives_idle=1,
+            keepalives_interval=1,
+            keepalives_count=seconds,
+            tcp_user_timeout=seconds * 1000,
+        )
         return make_conninfo("", **params)
 
     def _rejoin(self, store: Probe) -> None:
@@ -979,6 +1066,7 @@ class BrokerNode:
         self._set_role(NodeRole.SYNCHRONISING, f"switching over to {standby}")
         self.synchronous_standby = ""
         self.local.stop()
+        self._release_lease()
         try:
             self._call("promote")
         except BrokerError as error:
@@ -995,6 +1083,15 @@ class BrokerNode:
         self.local.start()
         self._primary_seen = self.clock()
         self._not_receiving_since = None
+
+    def _release_lease(self) -> None:
+        """Let the peer be granted the next epoch at once (it is asked to
+        take over, or an admin picks the primary)."""
+        if self.witness is not None:
+            try:
+                self.witness.release(self.config.name)
+            except WitnessUnreachable as error:
+                self._say("witness", f"the lease lapses by itself: {error}")
 
     # -- what the store records ------------------------------------------------
 

@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from psycopg.abc import Query
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from broker.store import hosts
-from broker.store.deadline import StoreConnection, limit
+from broker.store.deadline import StoreConnection, StoreTimeout, limit
 
 logger = logging.getLogger(__name__)
 
@@ -253,11 +253,30 @@ class Server:
         )
 
     def execute(
-        self, statement: Query, params: Sequence[Any] = (), *, timeout: float = STATEMENT_SECONDS
+        self,
+        statement: Query,
+        params: Sequence[Any] | Mapping[str, Any] = (),
+        *,
+        timeout: float = STATEMENT_SECONDS,
     ) -> list[Any]:
-        with self.session() as conn, limit(each=timeout, what="a node's statement"):
-            cursor = conn.execute(statement, params)
-            return cursor.fetchall() if cursor.description else []
+        """Run one of the node's statements (each is idempotent, or only
+        advances the epoch), once more on a fresh session when the kept one
+        turned out broken: the server restarted, or a cut link reset it."""
+
+        def run() -> list[Any]:
+            with self.session() as conn, limit(each=timeout, what="a node's statement"):
+                cursor = conn.execute(statement, params)
+                return cursor.fetchall() if cursor.description else []
+
+        kept = self._connection is not None and not self._connection.closed
+        try:
+            return run()
+        except StoreTimeout:
+            raise
+        except psycopg.OperationalError:
+            if not kept:
+                raise
+        return run()
 
     def execute_named(self, statement: Query, params: dict[str, Any]) -> None:
         with self.session() as conn, limit(each=STATEMENT_SECONDS, what="a node's statement"):
@@ -289,14 +308,21 @@ class Server:
         asynchronous: the sessions are ended once a new one is read-only, so
         that none opened in between stays writable."""
         self.set_settings({"default_transaction_read_only": "on"})
-        deadline = time.monotonic() + timeout
-        while not self._new_sessions_read_only():
-            if time.monotonic() > deadline:
-                raise PostgresError(f"{self.describe()} still takes read-write sessions")
-            time.sleep(0.01)
+        if not self.wait_setting("transaction_read_only", "on", timeout=timeout):
+            raise PostgresError(f"{self.describe()} still takes read-write sessions")
         self.terminate_clients()
 
-    def _new_sessions_read_only(self) -> bool:
+    def wait_setting(self, name: str, value: str, *, timeout: float = 5.0) -> bool:
+        """Whether a new session shows ``name`` = ``value`` within ``timeout``
+        (a reload is asynchronous: the server takes it in a moment later)."""
+        deadline = time.monotonic() + timeout
+        while self._new_session_shows(name) != value:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _new_session_shows(self, name: str) -> str | None:
         with (
             StoreConnection.connect(
                 self.conninfo,
@@ -304,10 +330,10 @@ class Server:
                 connect_timeout=2,
                 application_name=NODE_APPLICATION_NAME,
             ) as conn,
-            limit(each=2.0, what="a fence check"),
+            limit(each=2.0, what="a settings check"),
         ):
-            row = conn.execute("SHOW transaction_read_only").fetchone()
-        return row is not None and row[0] == "on"
+            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+        return None if row is None else str(row[0])
 
     def unfence(self) -> None:
         self.set_settings({"default_transaction_read_only": None})

@@ -25,6 +25,7 @@ from broker.errors import BrokerError
 from broker.ha.admin import ha_resolve, ha_status, ha_switchover, validate_node_name
 from broker.ha.node import BrokerNode, NodeConfig
 from broker.ha.postgres import Server, conninfo_of
+from broker.ha.witness import Witness
 from workers.celery import app
 from workers.duties import CeleryDuties
 
@@ -120,12 +121,22 @@ class Command(BaseCommand):
             if settings.HA_PEER_DATABASE_URL
             else None
         )
+        witness = (
+            Witness(
+                settings.HA_WITNESS_URL,
+                lease_seconds=timeout,
+                timeout=min(1.0, interval),
+            )
+            if settings.HA_PEER
+            else None
+        )
         try:
             node = BrokerNode(
                 config,
                 local=local,
                 peer_store=peer_store,
                 duties=CeleryDuties(app, settings.LAZARETTO_PRIMARY_DUTIES),
+                witness=witness,
             )
         except OSError as error:
             raise CommandError(
