@@ -432,6 +432,8 @@ def failover_once(
     workers: Workers,
     options: Options,
 ) -> RunResult:
+    """One fault of the primary: time the failover, the first delivery and
+    the publish gap, then end the fault and time the rejoin."""
     primary, standby = roles.primary, roles.standby
     warm_up(publisher, options.interval)
     killed = time.time()
@@ -443,7 +445,6 @@ def failover_once(
         f"run {index}: {options.fault} of node {primary.name}, its PostgreSQL out "
         f"{dead - killed:.3f} s later"
     )
-
     promoted = wait_promoted(pair, standby, killed, options)
     log(f"run {index}: {standby.name} primary after {promoted - killed:.3f} s")
     record, payload = wait_first_delivery(pair, publisher, workers, dead)
@@ -452,6 +453,46 @@ def failover_once(
         f"run {index}: first message published after the kill ({payload}, id {record['id']}) "
         f"handed to the consumer after {delivered - killed:.3f} s"
     )
+    resumption = wait_resumed(index, pair, standby, publisher, record, payload, killed, dead)
+    rejoin, rejoin_gap = end_and_rejoin(index, pair, roles, publisher, options, frozen, killed)
+    return RunResult(
+        index=index,
+        killed=primary.name,
+        promoted=standby.name,
+        failover=promoted - killed,
+        first_delivery=delivered - killed,
+        first_delivery_dlvd=resumption.dlvd - killed,
+        publish_gap=resumption.gap,
+        first_ack=resumption.first_ack - killed,
+        kill_span=dead - killed,
+        failed=resumption.failed,
+        rejoin=rejoin,
+        rejoin_gap=rejoin_gap,
+    )
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """How publishing came back after a fault: the first delivered
+    message's DLVD time, the first 201 of a request sent after the kill, the
+    longest gap between two 201s, and the other answers meanwhile."""
+
+    dlvd: float
+    first_ack: float
+    gap: float
+    failed: dict[str, int]
+
+
+def wait_resumed(
+    index: int,
+    pair: Pair,
+    standby: NodeProcess,
+    publisher: Publisher,
+    record: dict[str, Any],
+    payload: str,
+    killed: float,
+    dead: float,
+) -> Resumption:
     harness_wait(
         lambda: sum(
             1 for answer in publisher.snapshot() if answer.status == 201 and answer.sent > dead
@@ -475,8 +516,22 @@ def failover_once(
         f"run {index}: publish gap {gap:.3f} s, first 201 after {first_ack - killed:.3f} s; "
         f"answers other than 201: {dict(failed) or 'none'}"
     )
+    return Resumption(dlvd=dlvd, first_ack=first_ack, gap=gap, failed=dict(failed))
 
-    # The fault ends; the old primary rejoins as standby by itself.
+
+def end_and_rejoin(
+    index: int,
+    pair: Pair,
+    roles: Roles,
+    publisher: Publisher,
+    options: Options,
+    frozen: list[int],
+    killed: float,
+) -> tuple[float, float]:
+    """End the fault (once it lasted its time); the old primary rejoins as
+    standby by itself. How long that took, and the longest publish gap
+    meanwhile."""
+    primary = roles.primary
     if frozen or options.fault == "isolated":
         lasts = CUT_SECONDS if options.fault == "isolated" else 3 * options.timeout
         time.sleep(max(0.0, killed + lasts - time.time()))
@@ -490,20 +545,7 @@ def failover_once(
         f"run {index}: {primary.name} back as synchronous standby after "
         f"{rejoined - rejoin_started:.1f} s (longest publish gap meanwhile {rejoin_gap:.3f} s)"
     )
-    return RunResult(
-        index=index,
-        killed=primary.name,
-        promoted=standby.name,
-        failover=promoted - killed,
-        first_delivery=delivered - killed,
-        first_delivery_dlvd=dlvd - killed,
-        publish_gap=gap,
-        first_ack=first_ack - killed,
-        kill_span=dead - killed,
-        failed=dict(failed),
-        rejoin=rejoined - rejoin_started,
-        rejoin_gap=rejoin_gap,
-    )
+    return rejoined - rejoin_started, rejoin_gap
 
 
 def inject(fault: str, pair: Pair, primary: NodeProcess) -> list[int]:

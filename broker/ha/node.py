@@ -8,14 +8,18 @@ the node's main loop, as often, looks at its own server and acts by role.
   it rewinds its store onto the primary's (exporting any messages only it
   had) and follows it. A peer that is a standby, or none at all, makes the
   node whose store is a primary's the primary. ``standalone`` skips the wait.
-- PRIMARY: keeps the standby synchronous while it streams and goes on alone
-  (asynchronous) once it has been lost for the heartbeat timeout; refuses
-  configuration changes while the standby synchronises; runs the primary
-  duties under the pair's epoch. Finding its peer primary too is a split
+- PRIMARY: renews its lease with the witness (broker.ha.witness) at every
+  step, keeps the standby synchronous while it streams and goes on alone
+  (asynchronous) once it has been lost for the heartbeat timeout and the
+  witness recorded it; refuses configuration changes while the standby
+  synchronises; runs the primary duties under the pair's epoch. A refused
+  renewal steps it down (fenced). Finding its peer primary too is a split
   brain: both go to MAINTENANCE.
 - STANDBY / SYNCHRONISING: follows the primary. When the primary has been
-  silent for the heartbeat timeout, its server is fenced (read-only) if it
-  still answers, and the standby promotes its own, advancing the epoch.
+  silent for the heartbeat timeout and the witness grants the next epoch
+  (the lease lapsed, the term names this standby synchronous), the
+  primary's server is fenced (read-only) if it still answers, and the
+  standby promotes its own.
 - MAINTENANCE: the store refuses every write and no duty runs until an admin
   picks the survivor (``resolve``); the other rejoins as standby.
 
@@ -607,18 +611,7 @@ class BrokerNode:
         promoted = store is not None and store.in_recovery
         if promoted:
             self.local.promote()
-        rows = self.local.execute(
-            """
-            INSERT INTO broker_hapair (id, epoch, primary_name, changed_at)
-            VALUES (1, GREATEST(1, %(granted)s), %(name)s, now())
-            ON CONFLICT (id) DO UPDATE
-               SET epoch = GREATEST(broker_hapair.epoch + 1, %(granted)s),
-                   primary_name = excluded.primary_name, changed_at = now()
-            RETURNING epoch
-            """,
-            {"name": self.config.name, "granted": granted},
-        )
-        self.epoch = int(rows[0][0])
+        self.epoch = self._open_epoch(granted)
         # A synchronous standby stays synchronous across its primary's
         # restart: it would take over from a silent primary, so nothing may
         # be acknowledged without it until it is told otherwise.
@@ -634,10 +627,14 @@ class BrokerNode:
         self.synchronous_standby = keep
         self._sync_pending = ""
         self._witness_granted = self.clock()
-        if keep and self.local.wait_setting("synchronous_standby_names", f'"{keep}"'):
-            # The witness names the kept standby (which may then take over)
-            # once every commit waits for it.
-            self._hold_term()
+        # The witness names the kept standby (which may then take over) once
+        # every commit waits for it.
+        if (
+            keep
+            and self.local.wait_setting("synchronous_standby_names", f'"{keep}"')
+            and not self._hold_term()
+        ):
+            return
         self._standby_streaming_seen = self.clock() if keep else None
         self._slot_for = None
         self._peer = None
@@ -653,6 +650,21 @@ class BrokerNode:
             # primary for one on the same timeline and rewinds nothing.
             with self._long_step():
                 self.local.checkpoint()
+
+    def _open_epoch(self, granted: int) -> int:
+        """The store's next epoch, this node's: at least the one granted."""
+        rows = self.local.execute(
+            """
+            INSERT INTO broker_hapair (id, epoch, primary_name, changed_at)
+            VALUES (1, GREATEST(1, %(granted)s), %(name)s, now())
+            ON CONFLICT (id) DO UPDATE
+               SET epoch = GREATEST(broker_hapair.epoch + 1, %(granted)s),
+                   primary_name = excluded.primary_name, changed_at = now()
+            RETURNING epoch
+            """,
+            {"name": self.config.name, "granted": granted},
+        )
+        return int(rows[0][0])
 
     def _primary(self, store: Probe | None) -> None:
         if store is None:
