@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
+from broker.models import COUNTERS
 from broker.selectors import dead_letter_action_counts, heartbeats, queue_counts
 
 
@@ -73,38 +74,6 @@ def process_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid, multiproc_dir())
 
 
-# Counter names /metrics shows for each QueueTotal column, and their help.
-QUEUE_COUNTERS = {
-    "published": ("lazaretto_messages_published", "Messages published to the queue."),
-    "delivered": ("lazaretto_messages_delivered", "Messages delivered (acked) from the queue."),
-    "handler_errors": (
-        "lazaretto_handler_errors",
-        "Deliveries the queue's consumer answered with an error (retried or not).",
-    ),
-    "crashed": (
-        "lazaretto_delivery_crashes",
-        "Deliveries that ended because the delivering worker died.",
-    ),
-    "timed_out": (
-        "lazaretto_delivery_timeouts",
-        "Deliveries that ended because their lease ran out unanswered.",
-    ),
-    "dead_lettered": (
-        "lazaretto_messages_dead_lettered",
-        "Messages moved from the queue to its dead-letter queue, for any reason.",
-    ),
-    "blacklisted": ("lazaretto_messages_blacklisted", "Messages blacklisted (NDLV)."),
-    "poisoned": (
-        "lazaretto_messages_poisoned",
-        "Messages set aside as poison (quarantined or purged).",
-    ),
-    "discarded": (
-        "lazaretto_messages_discarded",
-        "Messages deleted unread: discard_old, or DISCARD on a dead-letter queue.",
-    ),
-}
-
-
 class BrokerCollector(Collector):
     """The database's numbers, read at each scrape (see the module docstring)."""
 
@@ -119,10 +88,12 @@ class BrokerCollector(Collector):
             for state, count in sorted(queue.depth.items()):
                 depth.add_metric([queue.name, state], count)
         yield depth
-        for column, (name, documentation) in QUEUE_COUNTERS.items():
-            counter = CounterMetricFamily(name, documentation, labels=["queue"])
+        for kept in COUNTERS:
+            if not kept.metric.name:
+                continue
+            counter = CounterMetricFamily(kept.metric.name, kept.metric.help, labels=["queue"])
             for queue in queues:
-                counter.add_metric([queue.name], queue.totals[column])
+                counter.add_metric([queue.name], queue.totals[kept.column])
             yield counter
         actions = CounterMetricFamily(
             "lazaretto_dead_letter_actions",

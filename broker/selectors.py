@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from broker.errors import BulkJobNotFound, MessageNotFound, QueueNotFound, RuleTableNotFound
 from broker.models import (
+    COUNTER_COLUMNS,
     AuditEvent,
     BulkJob,
     DeadLetterActionTotal,
@@ -38,7 +39,6 @@ from broker.models import (
     PoisonAlarm,
     Queue,
     QueueKind,
-    QueueTotal,
     RuleTable,
     RuleTableStatus,
     Subscription,
@@ -459,9 +459,6 @@ class QueueCounts:
     totals: dict[str, int]
 
 
-QUEUE_TOTALS = tuple(field.name for field in QueueTotal._meta.get_fields() if field.name != "queue")
-
-
 def queue_counts() -> list[QueueCounts]:
     """Every queue's depth and totals by name: three small queries (queues,
     depth counters, totals), one row each per queue or state."""
@@ -469,17 +466,17 @@ def queue_counts() -> list[QueueCounts]:
     depths = queue_depths(queue_ids=[queue_id for queue_id, _ in queues])
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT queue_id, {', '.join(QUEUE_TOTALS)} FROM broker_queuetotal_current"  # noqa: S608
+            f"SELECT queue_id, {', '.join(COUNTER_COLUMNS)} FROM broker_queuetotal_current"  # noqa: S608
         )
         totals = {
-            row[0]: dict(zip(QUEUE_TOTALS, row[1:], strict=True)) for row in cursor.fetchall()
+            row[0]: dict(zip(COUNTER_COLUMNS, row[1:], strict=True)) for row in cursor.fetchall()
         }
-    zeros = dict.fromkeys(QUEUE_TOTALS, 0)
+    zeros = dict.fromkeys(COUNTER_COLUMNS, 0)
     return [
         QueueCounts(
             name=name,
             depth=depths[queue_id],
-            totals={key: totals.get(queue_id, zeros)[key] for key in QUEUE_TOTALS},
+            totals={key: totals.get(queue_id, zeros)[key] for key in COUNTER_COLUMNS},
         )
         for queue_id, name in queues
     ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
-from broker.services.stats import COUNTERS
+from broker.models import COUNTER_COLUMNS
 
 # Negative, so it can never equal a delivery lease's lock, whose keys are
 # positive (broker.services.delivery._lease).
@@ -37,9 +37,9 @@ FROM summed AS s
 WHERE d.queue_id = s.queue_id AND d.state = s.state AND s.n <> 0
 """
 
-_SUMS = ", ".join(f"sum({name})::bigint AS {name}" for name in COUNTERS)
-_COLUMNS = ", ".join(COUNTERS)
-_ADDED = ", ".join(f"{name} = t.{name} + EXCLUDED.{name}" for name in COUNTERS)
+_SUMS = ", ".join(f"sum({name})::bigint AS {name}" for name in COUNTER_COLUMNS)
+_COLUMNS = ", ".join(COUNTER_COLUMNS)
+_ADDED = ", ".join(f"{name} = t.{name} + EXCLUDED.{name}" for name in COUNTER_COLUMNS)
 
 # A queue deleted since its changes were written is left out (its counter
 # rows went with it).

@@ -9,28 +9,10 @@ from collections.abc import Iterable, Mapping
 from django.db import connection
 from django.db.models.functions import Now
 
-from broker.models import Heartbeat, Queue
+from broker.models import COUNTER_COLUMNS, Heartbeat, Queue
 
-# What QueueMinute and QueueTotal count, in column order. A new counter is a
-# column of QueueMinute, QueueTotal and QueueCountDelta, and a migration that
-# recreates the views broker_queueminute_current and broker_queuetotal_current
-# (migration 0014) with it.
-COUNTERS = (
-    "published",
-    "delivered",
-    "failed",
-    "poisoned",
-    "handler_errors",
-    "crashed",
-    "timed_out",
-    "dead_lettered",
-    "blacklisted",
-    "discarded",
-)
-
-
-_COLUMNS = ", ".join(COUNTERS)
-_PARAMS = ", ".join(f"%({name})s::int" for name in COUNTERS)
+_COLUMNS = ", ".join(COUNTER_COLUMNS)
+_PARAMS = ", ".join(f"%({name})s::int" for name in COUNTER_COLUMNS)
 
 # A change of a queue's counts is one inserted row (``QueueCountDelta``),
 # which the sweeper folds into its minute and its totals
@@ -48,7 +30,7 @@ def minute_count_ctes(**values: str) -> str:
     SQL expression (it may read the statement's other CTEs or parameters),
     the others 0, and ``%(queue_id)s`` names the queue. Nothing is written
     when every counter is 0."""
-    listed = ", ".join(values.get(name, "0") for name in COUNTERS)
+    listed = ", ".join(values.get(name, "0") for name in COUNTER_COLUMNS)
     return f"""
 minute_counts AS (
     INSERT INTO broker_queuecountdelta (queue_id, minute, {_COLUMNS})

@@ -1,0 +1,164 @@
+"""The data pipeline: replay jobs and what they copied, and archive chunks."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from broker.models.queues import QUEUE_NAME_MAX_LENGTH
+
+
+class ReplaySource(models.TextChoices):
+    DEAD_LETTER = "dead_letter", "A dead-letter queue"
+    BLACKLIST = "blacklist", "The blacklist (NDLV)"
+    FAILED = "failed", "Failed messages (FAIL)"
+    DELIVERED = "delivered", "Delivered messages (DLVD)"
+    ARCHIVE = "archive", "The archive"
+
+
+class ReplayJobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class ReplayJob(models.Model):
+    """Dead (or delivered, or archived) messages put back on queues in bulk
+    by a Spark job (workers.spark.replay). Each run writes every message at
+    most once (ReplayedMessage), so a failed or cancelled job may be run
+    again."""
+
+    source = models.CharField(max_length=16, choices=ReplaySource.choices)
+    # The dead-letter queue read, for source dead_letter.
+    source_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
+    # queues, reason, since, until (ISO 8601), header ("name=value"),
+    # payload_text: broker.services.replay.ReplayFilter.
+    filters = models.JSONField(default=dict, blank=True)
+    # Blank: each message goes back to its original queue.
+    target_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
+    rules_text = models.TextField(blank=True)
+    # At most this many messages written per second; null: as fast as it goes.
+    velocity = models.PositiveIntegerField(null=True, blank=True)
+    dry_run = models.BooleanField(default=False)
+    status = models.CharField(
+        max_length=10, choices=ReplayJobStatus.choices, default=ReplayJobStatus.QUEUED
+    )
+    cancel_requested = models.BooleanField(default=False)
+    # Source rows in the job's queues, states and time range when it started.
+    total = models.BigIntegerField(default=0)
+    read = models.BigIntegerField(default=0)
+    matched = models.BigIntegerField(default=0)
+    written = models.BigIntegerField(default=0)
+    skipped = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    # {queue name: messages}, {rule number: messages} with "0" for no rule
+    # matched (jobs with a rules table only), and for a dry run a few of the
+    # messages it would write.
+    per_target = models.JSONField(default=dict, blank=True)
+    per_rule = models.JSONField(default=dict, blank=True)
+    sample = models.JSONField(default=list, blank=True)
+    spark_app_id = models.CharField(max_length=100, blank=True)
+    driver_pid = models.IntegerField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    # The driver's last sign of life: a running job silent for long had its
+    # driver killed and may be run again.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(velocity__isnull=True) | Q(velocity__gte=1),
+                name="replay_job_velocity_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"replay job {self.id} ({self.status})"
+
+    @property
+    def settled(self) -> int:
+        """Source rows the job is through with: filtered out, written,
+        skipped or failed."""
+        return self.read - self.matched + self.written + self.skipped + self.failed
+
+    @property
+    def percent(self) -> int:
+        if self.status == ReplayJobStatus.DONE or not self.total:
+            return 100 if self.status == ReplayJobStatus.DONE else 0
+        return min(100, round(100 * self.settled / self.total))
+
+    @property
+    def finished(self) -> bool:
+        return self.status in {
+            ReplayJobStatus.DONE,
+            ReplayJobStatus.FAILED,
+            ReplayJobStatus.CANCELLED,
+        }
+
+
+class ReplayedMessage(models.Model):
+    """A message a replay job wrote, by its source message: the job's
+    idempotency record (one per job and source, whatever became of the new
+    message since) and the mark on the source for its timeline."""
+
+    job = models.ForeignKey(ReplayJob, on_delete=models.CASCADE, related_name="replayed")
+    source_message_id = models.BigIntegerField()
+    message_id = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "source_message_id"], name="replayed_once_per_job"
+            ),
+        ]
+        indexes = [
+            # A source message's timeline: SELECT … WHERE source_message_id = $1
+            models.Index(fields=["source_message_id"], name="replayed_source_idx"),
+            # A replayed message's origin: SELECT … WHERE message_id = $1
+            models.Index(fields=["message_id"], name="replayed_message_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.source_message_id} -> {self.message_id}"
+
+
+class ArchiveChunkStatus(models.TextChoices):
+    WRITTEN = "written", "Written and verified"
+    DELETED = "deleted", "Deleted from PostgreSQL"
+
+
+class ArchiveChunk(models.Model):
+    """One step of the archive: a set of messages written to Parquet and
+    verified (WRITTEN), then deleted from PostgreSQL (DELETED). A run that
+    finds a WRITTEN chunk finishes it before anything else, so a crash
+    between write and delete neither loses nor duplicates a message."""
+
+    name = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=8, choices=ArchiveChunkStatus.choices)
+    rows = models.PositiveIntegerField()
+    first_id = models.BigIntegerField()
+    last_id = models.BigIntegerField()
+    # Parquet files relative to ARCHIVE_DIR.
+    files = models.JSONField(default=list)
+    spark_app_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"archive chunk {self.name} ({self.status}, {self.rows} rows)"

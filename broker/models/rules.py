@@ -1,0 +1,69 @@
+"""Dead-letter queues' rules tables and the handler's attempts."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from broker.models.queues import Queue
+
+
+class RuleTableStatus(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    ACTIVE = "active", "Active"
+    RETIRED = "retired", "Retired"
+
+
+class RuleTable(models.Model):
+    """One version of a dead-letter queue's rules table, in IBM MQ runmqdlq
+    syntax (parsed by broker.rules). A draft may be edited; once activated a
+    version never changes, and at most one version per queue is active."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="rule_tables")
+    version = models.PositiveIntegerField()
+    text = models.TextField()
+    status = models.CharField(
+        max_length=8, choices=RuleTableStatus.choices, default=RuleTableStatus.DRAFT
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    activated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["queue", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "version"], name="rule_table_version_unique"),
+            models.UniqueConstraint(
+                fields=["queue"],
+                condition=Q(status=RuleTableStatus.ACTIVE),
+                name="rule_table_one_active_per_queue",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} v{self.version} ({self.status})"
+
+
+class DeadLetterAttempt(models.Model):
+    """How many times the dead-letter handler has tried one rule of one
+    table version on one message; a rule is passed over once this reaches
+    its RETRY count. Rows go when the message leaves the dead-letter queue."""
+
+    message_id = models.BigIntegerField()
+    rule_table = models.ForeignKey(RuleTable, on_delete=models.CASCADE)
+    rule_number = models.PositiveIntegerField()
+    attempts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["message_id", "rule_table", "rule_number"],
+                name="dead_letter_attempt_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"message {self.message_id} rule {self.rule_number}: {self.attempts}"
