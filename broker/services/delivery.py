@@ -317,22 +317,7 @@ def _settle(
     Returns the publish-to-ack seconds of each message acknowledged, and the
     batch claimed."""
     acked = [m.id for m, error in zip(batch, results, strict=True) if error is None]
-    retries: list[Retry] = []
-    dead: dict[int, DeadLetterCause] = {}
-    answers: list[tuple[Claimed, Exception, str]] = []
-    for message, error in zip(batch, results, strict=True):
-        if error is None:
-            continue
-        if isinstance(error, FormatError):
-            dead[message.id] = DeadLetterCause("format_error", _describe(error))
-            answers.append((message, error, "dead-lettered (format_error)"))
-        elif message.attempts <= queue.retry_limit:
-            delay = _backoff(queue, message.attempts)
-            retries.append(Retry(message.id, delay, _describe(error)))
-            answers.append((message, error, f"retry in {delay:g} s"))
-        else:
-            dead[message.id] = DeadLetterCause("handler_error", _describe(error))
-            answers.append((message, error, "dead-lettered (handler_error)"))
+    retries, dead, answers = _sort_failures(queue, batch, results)
     with transaction.atomic() if answers else nullcontext():
         claimed: list[Claimed] = []
         if claim_next:
@@ -354,6 +339,48 @@ def _settle(
         outcome.dead_lettered = len(messages_dead_letter(causes=dead, owner=owner))
         if outcome.dead_lettered:
             minute_count(queue_id=queue.id, failed=outcome.dead_lettered)
+    _log_settled(queue, owner, len(batch), acked, answers, outcome)
+    return latencies, claimed
+
+
+def _sort_failures(
+    queue: Queue, batch: list[Claimed], results: list[Exception | None]
+) -> tuple[list[Retry], dict[int, DeadLetterCause], list[tuple[Claimed, Exception, str]]]:
+    """Decide what each failed message of the batch becomes: dead-lettered
+    at once for a format error, retried after a backoff while attempts
+    remain, dead-lettered as a handler error after that. Returns the
+    retries, the dead-letter causes, and each failure with the words that
+    log what became of it."""
+    retries: list[Retry] = []
+    dead: dict[int, DeadLetterCause] = {}
+    answers: list[tuple[Claimed, Exception, str]] = []
+    for message, error in zip(batch, results, strict=True):
+        if error is None:
+            continue
+        if isinstance(error, FormatError):
+            dead[message.id] = DeadLetterCause("format_error", _describe(error))
+            answers.append((message, error, "dead-lettered (format_error)"))
+        elif message.attempts <= queue.retry_limit:
+            delay = _backoff(queue, message.attempts)
+            retries.append(Retry(message.id, delay, _describe(error)))
+            answers.append((message, error, f"retry in {delay:g} s"))
+        else:
+            dead[message.id] = DeadLetterCause("handler_error", _describe(error))
+            answers.append((message, error, "dead-lettered (handler_error)"))
+    return retries, dead, answers
+
+
+def _log_settled(
+    queue: Queue,
+    owner: str,
+    batch_size: int,
+    acked: list[int],
+    answers: list[tuple[Claimed, Exception, str]],
+    outcome: Outcome,
+) -> None:
+    """Log what became of a settled batch: each delivery (at debug level),
+    each failure and what was done with it, and any message the sweeper
+    took back before the batch was settled."""
     if logger.isEnabledFor(logging.DEBUG):  # one line per ack: not on the hot path otherwise
         for message_id in acked:
             logger.debug(
@@ -372,7 +399,7 @@ def _settle(
             then,
             extra={**_fields(queue, message.id), "attempt": message.attempts},
         )
-    lost = len(batch) - outcome.acked - outcome.retried - outcome.dead_lettered
+    lost = batch_size - outcome.acked - outcome.retried - outcome.dead_lettered
     if lost:
         logger.warning(
             "%s: %s message(s) of the batch were taken back by the sweeper",
@@ -380,7 +407,6 @@ def _settle(
             lost,
             extra={"queue": queue.name},
         )
-    return latencies, claimed
 
 
 def _fields(queue: Queue, message_id: int) -> dict[str, object]:
