@@ -90,93 +90,113 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def _load_messages(self) -> None:
+        """The queues, their messages in every state and a draft rules
+        table, in one transaction."""
         for spec in QUEUES:
             queue_create(**spec)
-        messages_publish(
-            queue_name="ORDERS.IN",
-            messages=[
-                NewMessage(
-                    payload=json.dumps(
-                        {"order": 10_000 + n, "sku": f"SKU-{n % 17:03}", "qty": 1 + n % 4}
-                    ).encode(),
-                    content_type="application/json",
-                    headers={"source": "webshop", "region": ("eu", "us", "apac")[n % 3]},
-                    priority=4 + (n % 3 == 0),
-                )
-                for n in range(120)
-            ],
-            put_application="webshop",
+        _publish_backlog()
+        _walk_through_states(
+            orders_queue=Queue.objects.get(name="ORDERS.IN"),
+            payments_queue=Queue.objects.get(name="PAYMENTS.IN"),
         )
-        messages_publish(
-            queue_name="PAYMENTS.IN",
-            messages=[
-                NewMessage(
-                    payload=json.dumps({"payment": f"PAY-{n:05}", "amount": 12.5 * n}).encode(),
-                    content_type="application/json",
-                    headers={"currency": "EUR"},
-                )
-                for n in range(40)
-            ],
-            put_application="payments-gw",
-        )
-        messages_publish(
-            queue_name="NOTIFY.OUT",
-            messages=[
-                NewMessage(
-                    payload=f"Your order {10_000 + n} has shipped.".encode(),
-                    content_type="text/plain",
-                )
-                for n in range(25)
-            ],
-            put_application="shipping",
-        )
-        # Walk some messages through the state machine as workers would:
-        # delivered, crashed twice (so blacklisted, with a dump file), failed
-        # by an operator, dead-lettered, and in flight.
-        orders_queue = Queue.objects.get(name="ORDERS.IN")
-        payments_queue = Queue.objects.get(name="PAYMENTS.IN")
-        for queue, count in ((orders_queue, 80), (payments_queue, 20)):
-            messages_ack(message_ids=_claim(queue, count), owner=DEMO_WORKER)
-        for queue, count in ((orders_queue, 5), (payments_queue, 3)):
-            _claim(queue, count)
-            messages_sweep()  # the demo worker holds no lease lock: a crash
-            for _ in range(count):
-                _claim(queue, 1, suspect=True)
-                messages_sweep()  # the second crash blacklists the suspect
-        rejected = Message.objects.filter(queue=orders_queue, state=MessageState.NOT_DELIVERABLE)
-        message_fail(
-            message_id=rejected.earliest("id").id,
-            actor=None,
-            reason="demo: consumer rejects this SKU",
-        )
-        for queue, count in ((orders_queue, 5), (payments_queue, 3)):
-            messages_dead_letter(
-                causes=dict.fromkeys(
-                    _claim(queue, count),
-                    DeadLetterCause("handler_error", "ValueError: unknown currency 'XYZ'"),
-                ),
-                owner=DEMO_WORKER,
-            )
-        _claim(orders_queue, 3)
         # A rules table for the dead-letter queue, left as a draft: dry-run it
         # before activating.
         rule_table_create(
             queue=Queue.objects.get(name="SYSTEM.DEAD.LETTER.QUEUE"),
             text=DEMO_RULES,
         )
-        # Left waiting for the workers: a poison order that crashes its
-        # consumer (blacklisted after two crashes) and a payment that is not
-        # JSON (dead-lettered as a format error).
-        messages_publish(
-            queue_name="ORDERS.IN",
-            messages=[NewMessage(payload=b'{"order": 66666, "note": "CRASH"}')],
-            put_application="webshop",
+        _publish_poison_messages()
+
+
+def _publish_backlog() -> None:
+    """Publish the orders, payments and notifications the demo starts from."""
+    messages_publish(
+        queue_name="ORDERS.IN",
+        messages=[
+            NewMessage(
+                payload=json.dumps(
+                    {"order": 10_000 + n, "sku": f"SKU-{n % 17:03}", "qty": 1 + n % 4}
+                ).encode(),
+                content_type="application/json",
+                headers={"source": "webshop", "region": ("eu", "us", "apac")[n % 3]},
+                priority=4 + (n % 3 == 0),
+            )
+            for n in range(120)
+        ],
+        put_application="webshop",
+    )
+    messages_publish(
+        queue_name="PAYMENTS.IN",
+        messages=[
+            NewMessage(
+                payload=json.dumps({"payment": f"PAY-{n:05}", "amount": 12.5 * n}).encode(),
+                content_type="application/json",
+                headers={"currency": "EUR"},
+            )
+            for n in range(40)
+        ],
+        put_application="payments-gw",
+    )
+    messages_publish(
+        queue_name="NOTIFY.OUT",
+        messages=[
+            NewMessage(
+                payload=f"Your order {10_000 + n} has shipped.".encode(),
+                content_type="text/plain",
+            )
+            for n in range(25)
+        ],
+        put_application="shipping",
+    )
+
+
+def _walk_through_states(*, orders_queue: Queue, payments_queue: Queue) -> None:
+    """Walk some messages through the state machine as workers would.
+
+    Delivered, crashed twice (so blacklisted, with a dump file), failed by
+    an operator, dead-lettered, and in flight.
+    """
+    for queue, count in ((orders_queue, 80), (payments_queue, 20)):
+        messages_ack(message_ids=_claim(queue, count), owner=DEMO_WORKER)
+    for queue, count in ((orders_queue, 5), (payments_queue, 3)):
+        _claim(queue, count)
+        messages_sweep()  # the demo worker holds no lease lock: a crash
+        for _ in range(count):
+            _claim(queue, 1, suspect=True)
+            messages_sweep()  # the second crash blacklists the suspect
+    rejected = Message.objects.filter(queue=orders_queue, state=MessageState.NOT_DELIVERABLE)
+    message_fail(
+        message_id=rejected.earliest("id").id,
+        actor=None,
+        reason="demo: consumer rejects this SKU",
+    )
+    for queue, count in ((orders_queue, 5), (payments_queue, 3)):
+        messages_dead_letter(
+            causes=dict.fromkeys(
+                _claim(queue, count),
+                DeadLetterCause("handler_error", "ValueError: unknown currency 'XYZ'"),
+            ),
+            owner=DEMO_WORKER,
         )
-        messages_publish(
-            queue_name="PAYMENTS.IN",
-            messages=[NewMessage(payload=b"PAY-99999;EUR;12.50", content_type="text/csv")],
-            put_application="payments-gw",
-        )
+    _claim(orders_queue, 3)
+
+
+def _publish_poison_messages() -> None:
+    """Leave two messages waiting for the workers.
+
+    A poison order that crashes its consumer (blacklisted after two crashes)
+    and a payment that is not JSON (dead-lettered as a format error).
+    """
+    messages_publish(
+        queue_name="ORDERS.IN",
+        messages=[NewMessage(payload=b'{"order": 66666, "note": "CRASH"}')],
+        put_application="webshop",
+    )
+    messages_publish(
+        queue_name="PAYMENTS.IN",
+        messages=[NewMessage(payload=b"PAY-99999;EUR;12.50", content_type="text/csv")],
+        put_application="payments-gw",
+    )
 
 
 def _claim(queue: Queue, count: int, *, suspect: bool = False) -> list[int]:

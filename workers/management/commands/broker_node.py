@@ -80,6 +80,16 @@ class Command(BaseCommand):
             raise CommandError("Name the node to run: broker_node --name A (or give an action).")
         validate_node_name(name)
         interval, timeout = settings.HA_HEARTBEAT_INTERVAL, settings.HA_HEARTBEAT_TIMEOUT
+        self._check_settings(interval=interval, timeout=timeout)
+        node = self._node(name, interval=interval, timeout=timeout)
+        stopping = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stopping.set())
+        node.run(stopping)
+
+    @staticmethod
+    def _check_settings(*, interval: float, timeout: float) -> None:
+        """Refuse HA_* settings a node cannot run with, naming the fix."""
         if timeout < 2 * interval:
             raise CommandError(
                 f"HA_HEARTBEAT_TIMEOUT ({timeout:g} s) must be at least twice "
@@ -96,6 +106,12 @@ class Command(BaseCommand):
             )
         if settings.HA_PEER and settings.HA_PEER_DATABASE_URL is None:
             raise CommandError("HA_PEER is set but HA_PEER_DATABASE_URL is not.")
+
+    @staticmethod
+    def _node(name: str, *, interval: float, timeout: float) -> BrokerNode:
+        """The node the settings describe: its own PostgreSQL server, the
+        peer's (if any), the witness of a pair, and the Celery duties of a
+        primary; listening on HA_LISTEN."""
         from broker.ha.admin import ha_secret
 
         config = NodeConfig(
@@ -131,7 +147,7 @@ class Command(BaseCommand):
             else None
         )
         try:
-            node = BrokerNode(
+            return BrokerNode(
                 config,
                 local=local,
                 peer_store=peer_store,
@@ -143,10 +159,6 @@ class Command(BaseCommand):
                 f"Cannot listen on {settings.HA_LISTEN} (HA_LISTEN): {error.strerror}. "
                 "Is a node already running there?"
             ) from None
-        stopping = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stopping.set())
-        node.run(stopping)
 
     # -- admin actions -------------------------------------------------------
 
