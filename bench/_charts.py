@@ -169,22 +169,35 @@ def draw_soak(soak: dict[str, Any], path: Path) -> None:
     phases = soak.get("phases", {})
     middle, end = minutes(samples, middle=True), minutes(samples, middle=False)
     figure, (rates, latency, dead) = plt.subplots(3, 1, figsize=(10, 11), sharex=True)
+    plot_rates(rates, soak, middle=middle, end=end)
+    plot_latency(latency, samples, phases, middle=middle)
+    plot_dead_tuples(dead, samples, phases, end=end)
+    for axes in (rates, latency, dead):
+        axes.set_xlim(0, end[-1])
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
-    shade_idle(rates, phases, label=True)
-    rates.plot(middle, [s["published_per_s"] for s in samples], label="published/s")
-    rates.plot(middle, [s["acked_per_s"] for s in samples], label="acked/s")
-    rates.set_ylabel("messages per second")
-    rates.set_ylim(bottom=0)
-    backlog = rates.twinx()
+
+def plot_rates(axes: Any, soak: dict[str, Any], *, middle: list[float], end: list[float]) -> None:
+    """Published and acked per second, the backlog on a second scale, and
+    the chart's title: the rate offered and the table's layout."""
+    samples = soak["samples"]
+    shade_idle(axes, soak.get("phases", {}), label=True)
+    axes.plot(middle, [s["published_per_s"] for s in samples], label="published/s")
+    axes.plot(middle, [s["acked_per_s"] for s in samples], label="acked/s")
+    axes.set_ylabel("messages per second")
+    axes.set_ylim(bottom=0)
+    backlog = axes.twinx()
     waiting = [s["backlog"] for s in samples]
     backlog.plot(end, waiting, color="grey", linestyle=":", label="backlog")
     backlog.set_ylabel("backlog (TBDL + DLNG)")
     backlog.set_ylim(0, max(10, max(waiting) * 1.05))
-    handles, labels = rates.get_legend_handles_labels()
+    handles, labels = axes.get_legend_handles_labels()
     more, more_labels = backlog.get_legend_handles_labels()
-    rates.legend(handles + more, labels + more_labels, fontsize="small", loc="center left")
+    axes.legend(handles + more, labels + more_labels, fontsize="small", loc="center left")
     rate = soak.get("rate_msgs_per_s")
-    rates.set_title(
+    axes.set_title(
         f"Soak: {rate:,.0f} msgs/s offered"
         + (
             f" (70 % of {soak['drain_msgs_per_s']:,.0f} drained)"
@@ -195,42 +208,55 @@ def draw_soak(soak: dict[str, Any], path: Path) -> None:
         fontsize="medium",
     )
 
-    shade_idle(latency, phases, label=False)
-    for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
-        latency.plot(middle, [s[key] for s in samples], label=label)
-    latency.set_yscale("log")
-    latency.set_ylabel("publish to ack, ms (log)")
-    latency.grid(True, which="both", alpha=0.3)
-    latency.legend(fontsize="small", loc="upper left")
 
-    shade_idle(dead, phases, label=False)
-    dead.plot(end, [s["dead_tuples"] for s in samples], label="dead tuples", color="C3")
+def plot_latency(
+    axes: Any,
+    samples: Sequence[dict[str, Any]],
+    phases: dict[str, list[float]],
+    *,
+    middle: list[float],
+) -> None:
+    """Publish-to-ack p50, p95 and p99 of each window, on a log scale."""
+    shade_idle(axes, phases, label=False)
+    for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
+        axes.plot(middle, [s[key] for s in samples], label=label)
+    axes.set_yscale("log")
+    axes.set_ylabel("publish to ack, ms (log)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small", loc="upper left")
+
+
+def plot_dead_tuples(
+    axes: Any,
+    samples: Sequence[dict[str, Any]],
+    phases: dict[str, list[float]],
+    *,
+    end: list[float],
+) -> None:
+    """Dead tuples of the table (and of each partition, when there are
+    several), and its size on a second scale."""
+    shade_idle(axes, phases, label=False)
+    axes.plot(end, [s["dead_tuples"] for s in samples], label="dead tuples", color="C3")
     leaves = leaf_relations(samples)
     if len(leaves) > 1:
         for name in leaves:
-            dead.plot(
+            axes.plot(
                 end,
                 [s["relations"][name]["dead_tuples"] for s in samples],
                 linestyle="--",
                 linewidth=1,
                 label=f"dead tuples {name}",
             )
-    dead.set_ylabel("dead tuples")
-    dead.set_ylim(bottom=0)
-    size = dead.twinx()
+    axes.set_ylabel("dead tuples")
+    axes.set_ylim(bottom=0)
+    size = axes.twinx()
     size.plot(end, [s["table_bytes"] / 1e6 for s in samples], color="C4", label="table size")
     size.set_ylabel("table + indexes + TOAST, MB")
     size.set_ylim(bottom=0)
-    handles, labels = dead.get_legend_handles_labels()
+    handles, labels = axes.get_legend_handles_labels()
     more, more_labels = size.get_legend_handles_labels()
-    dead.legend(handles + more, labels + more_labels, fontsize="small", loc="upper left")
-    dead.set_xlabel("minutes since publishing started")
-
-    for axes in (rates, latency, dead):
-        axes.set_xlim(0, end[-1])
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    axes.legend(handles + more, labels + more_labels, fontsize="small", loc="upper left")
+    axes.set_xlabel("minutes since publishing started")
 
 
 # --- driver -----------------------------------------------------------------------------------

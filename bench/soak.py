@@ -1014,13 +1014,33 @@ def run_windows(
     return readings, started_epoch
 
 
-def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run:
+def soak_rate(options: Options, drain: Drain | None) -> float:
+    """--rate, or LOAD_FRACTION of the drain rate measured."""
     if options.rate is not None:
-        rate = options.rate
-    elif drain is not None:
-        rate = drain.base * LOAD_FRACTION
-    else:
-        raise BenchError("no rate: neither --rate nor a drain measurement")
+        return options.rate
+    if drain is not None:
+        return drain.base * LOAD_FRACTION
+    raise BenchError("no rate: neither --rate nor a drain measurement")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the soak recorded while the workers ran: a reading at every
+    window boundary, and how publishing ended."""
+
+    layout: str
+    readings: list[Reading]
+    # The epoch time publishing started: the latencies are binned from it.
+    started_epoch: float
+    published: int
+    backlog_drained_s: float
+    task_errors: list[str]
+
+
+def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run:
+    """Publish at the soak's rate through its phases, drain the backlog,
+    and gather every window's figures."""
+    rate = soak_rate(options, drain)
     queue = make_soak_queue(options.size)
     vacuum_and_checkpoint(bench.bench_url)
     windows = plan_windows(
@@ -1045,6 +1065,50 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
         f"(steady {options.minutes:g} min, idle transaction {options.idle_minutes:g} min, "
         f"recovery {options.recovery_minutes:g} min); latency of 1 message in {every}"
     )
+    recorded = record_soak(bench, queue, windows, publisher, sampler, idle)
+    deliver.verify_delivered(queue, recorded.published, "soak")
+    readings = recorded.readings
+    acks = [(at - recorded.started_epoch, seconds) for at, seconds in sampler.acks]
+    binned = bin_latencies(acks, windows)
+    return Run(
+        options=options,
+        drain=drain,
+        rate=rate,
+        layout=recorded.layout,
+        windows=list(windows),
+        samples=build_samples(windows, readings, binned),
+        latencies=binned,
+        relations_at_start=readings[0].relations,
+        published=recorded.published,
+        backlog_at_end=readings[-1].backlog,
+        backlog_drained_s=recorded.backlog_drained_s,
+        acked_in_run=readings[-1].acked - readings[0].acked,
+        latency_sample_every=every,
+        acks_outside=len(acks) - sum(len(values) for values in binned),
+        sampler=sampler_figures(sampler),
+        publisher={
+            "calls": publisher.calls,
+            "longest_call_ms": round(1000 * publisher.longest_call_s, 1),
+        },
+        idle={"backend_pid": idle.pid, "xid": idle.xid},
+        task_errors=recorded.task_errors,
+        started_utc=started_utc,
+    )
+
+
+def record_soak(
+    bench: deliver.Bench,
+    queue: Queue,
+    windows: Sequence[Window],
+    publisher: Publisher,
+    sampler: LatencySampler,
+    idle: IdleTransaction,
+) -> Recorded:
+    """With the Celery workers running: read at every window's end while
+    the publisher runs, then stop it and wait until its backlog is
+    delivered and the sampler has looked up its last messages. Fails on
+    the first error of the publisher or the sampler; a failed task is
+    logged and counted."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
@@ -1079,41 +1143,27 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
         sampler.stopping.set()
         sampler.join()
         check()
-    deliver.verify_delivered(queue, published, "soak")
-    acks = [(at - started_epoch, seconds) for at, seconds in sampler.acks]
-    binned = bin_latencies(acks, windows)
-    samples = build_samples(windows, readings, binned)
-    return Run(
-        options=options,
-        drain=drain,
-        rate=rate,
+    return Recorded(
         layout=layout,
-        windows=list(windows),
-        samples=samples,
-        latencies=binned,
-        relations_at_start=readings[0].relations,
+        readings=readings,
+        started_epoch=started_epoch,
         published=published,
-        backlog_at_end=readings[-1].backlog,
         backlog_drained_s=backlog_drained_s,
-        acked_in_run=readings[-1].acked - readings[0].acked,
-        latency_sample_every=every,
-        acks_outside=len(acks) - sum(len(values) for values in binned),
-        sampler={
-            "followed": len(sampler.acks) + len(sampler.pending),
-            "acked": len(sampler.acks),
-            "queries": sampler.queries,
-            "mean_query_ms": round(1000 * sampler.query_seconds / max(sampler.queries, 1), 2),
-            "longest_query_ms": round(1000 * sampler.longest_query_s, 1),
-            "most_pending": sampler.most_pending,
-        },
-        publisher={
-            "calls": publisher.calls,
-            "longest_call_ms": round(1000 * publisher.longest_call_s, 1),
-        },
-        idle={"backend_pid": idle.pid, "xid": idle.xid},
         task_errors=tasks.errors,
-        started_utc=started_utc,
     )
+
+
+def sampler_figures(sampler: LatencySampler) -> dict[str, Any]:
+    """How the latency sampler kept up: messages followed and acked, and
+    its lookups."""
+    return {
+        "followed": len(sampler.acks) + len(sampler.pending),
+        "acked": len(sampler.acks),
+        "queries": sampler.queries,
+        "mean_query_ms": round(1000 * sampler.query_seconds / max(sampler.queries, 1), 2),
+        "longest_query_ms": round(1000 * sampler.longest_query_s, 1),
+        "most_pending": sampler.most_pending,
+    }
 
 
 def wait_drained(
@@ -1192,15 +1242,48 @@ def phase_latencies(run: Run, phase: str) -> list[float]:
 
 
 def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]:
+    """The figures of a run (the JSON object printed last): what was run,
+    the three checks against TARGETS and their verdicts, and how the
+    bench's own threads and the workers fared."""
     samples = run.samples
     drift = drift_pct(samples)
     dead = dead_tuples_halves(samples)
     recovery = recovery_check(samples, steady_latency["p99_ms"])
     idle = phase_samples(samples, "idle_txn")
-    steady = phase_samples(samples, "steady")
-    first, last = drift_windows(steady)
-    peak = max(samples, key=lambda sample: sample.dead_tuples)
     drift_pass = drift is not None and abs(drift) < TARGETS["drift_pct"]
+    return {
+        **settings_figures(run),
+        **throughput_figures(samples, drift),
+        "steady_latency_ms": steady_latency,
+        "idle_max_p99_ms": recovery.idle_max_p99_ms,
+        "idle_max_backlog": max((sample.backlog for sample in idle), default=None),
+        **dead_tuple_figures(samples, dead),
+        "backlog_at_end": run.backlog_at_end,
+        "backlog_drained_s": round(run.backlog_drained_s, 1),
+        **recovery_figures(recovery),
+        "targets": dict(TARGETS),
+        "verdicts": {
+            "drift": "PASS" if drift_pass else "MISS",
+            "dead_tuples_bounded": "PASS" if dead.bounded else "MISS",
+            "recovery_p99": "PASS" if recovery.passed else "MISS",
+        },
+        "sampler": run.sampler,
+        "publisher": run.publisher,
+        "acks_outside_windows": run.acks_outside,
+        "task_failures": len(run.task_errors),
+        "task_errors": dict(Counter(error[:300] for error in run.task_errors).most_common(5)),
+        "relations": relation_summary(samples, run.relations_at_start),
+        "loadavg_1m": {
+            "mean": round(sum(sample.loadavg_1m for sample in samples) / len(samples), 2),
+            "max": max(sample.loadavg_1m for sample in samples),
+        },
+        "code": code_version(),
+    }
+
+
+def settings_figures(run: Run) -> dict[str, Any]:
+    """What was run: the phases, the workers, and the rate and where it
+    came from."""
     return {
         "bench": "soak",
         "layout": run.layout,
@@ -1224,15 +1307,29 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
         "window_s": WINDOW_SECONDS,
         "latency_sample_every": run.latency_sample_every,
         "latency_clock": "created_at (publish transaction) to updated_at (ack transaction)",
+    }
+
+
+def throughput_figures(samples: Sequence[Sample], drift: float | None) -> dict[str, Any]:
+    """The steady phase's rates, and their drift from its first minute to
+    its last."""
+    steady = phase_samples(samples, "steady")
+    first, last = drift_windows(steady)
+    return {
         "steady_published_per_s": round(rate_over(steady, "published_per_s") or 0, 1),
         "steady_acked_per_s": round(rate_over(steady, "acked_per_s") or 0, 1),
         "first_minute_acked_per_s": round(rate_over(first, "acked_per_s") or 0, 1),
         "last_minute_acked_per_s": round(rate_over(last, "acked_per_s") or 0, 1),
         "drift_pct": None if drift is None else round(drift, 2),
         "published_drift_pct": _round(drift_pct(samples, "published_per_s"), 2),
-        "steady_latency_ms": steady_latency,
-        "idle_max_p99_ms": recovery.idle_max_p99_ms,
-        "idle_max_backlog": max((sample.backlog for sample in idle), default=None),
+    }
+
+
+def dead_tuple_figures(samples: Sequence[Sample], dead: DeadTuples) -> dict[str, Any]:
+    """Dead tuples in each half of the steady phase, their growth and
+    peak, and the table's size at the end."""
+    peak = max(samples, key=lambda sample: sample.dead_tuples)
+    return {
         "dead_tuples_first_half_mean": round(dead.first_half_mean),
         "dead_tuples_second_half_mean": round(dead.second_half_mean),
         "dead_tuples_first_half_max": dead.first_half_max,
@@ -1241,31 +1338,19 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
         "dead_tuples_peak": peak.dead_tuples,
         "dead_tuples_peak_t": peak.t,
         "table_bytes_end": samples[-1].table_bytes,
-        "backlog_at_end": run.backlog_at_end,
-        "backlog_drained_s": round(run.backlog_drained_s, 1),
+    }
+
+
+def recovery_figures(recovery: Recovery) -> dict[str, Any]:
+    """The p99 after the idle transaction against its bound, and whether
+    the steady phase it is measured against kept up."""
+    return {
         "recovery_check_t": recovery.check_t,
         "recovery_check_p99_ms": recovery.check_p99_ms,
         "recovery_bound_ms": _round(recovery.bound_ms, 1),
         "recovered_after_s": recovery.recovered_after_s,
         "steady_acked_vs_published": _round(recovery.steady_acked_ratio, 3),
         "steady_kept_up": recovery.steady_kept_up,
-        "targets": dict(TARGETS),
-        "verdicts": {
-            "drift": "PASS" if drift_pass else "MISS",
-            "dead_tuples_bounded": "PASS" if dead.bounded else "MISS",
-            "recovery_p99": "PASS" if recovery.passed else "MISS",
-        },
-        "sampler": run.sampler,
-        "publisher": run.publisher,
-        "acks_outside_windows": run.acks_outside,
-        "task_failures": len(run.task_errors),
-        "task_errors": dict(Counter(error[:300] for error in run.task_errors).most_common(5)),
-        "relations": relation_summary(samples, run.relations_at_start),
-        "loadavg_1m": {
-            "mean": round(sum(sample.loadavg_1m for sample in samples) / len(samples), 2),
-            "max": max(sample.loadavg_1m for sample in samples),
-        },
-        "code": code_version(),
     }
 
 
@@ -1308,36 +1393,56 @@ def write_series(run: Run, figures: dict[str, Any]) -> Path:
 
 
 def print_report(run: Run) -> None:
-    windows = run.windows
     steady_latency = latency_ms(phase_latencies(run, "steady"))
     figures = summary(run, steady_latency)
     path = write_series(run, figures)
     figures["series_file"] = str(path.relative_to(ROOT))
-    verdicts = figures["verdicts"]
     print(
         f"soak bench: {run.options.size}-byte payloads, consumer noop, batch size {BATCH_SIZE}, "
         f"Celery deliveries worker --concurrency {CONCURRENCY} (DEBUG off); broker_message "
         f"{run.layout}"
     )
-    if run.drain is None:
-        print(f"rate: {run.rate:.0f} msgs/s (--rate)")
-    else:
-        print(
-            f"drain: {run.drain.messages} messages in {run.drain.seconds:.2f} s = "
-            f"{run.drain.rate:.0f} msgs/s idle"
-        )
-        if run.drain.loaded_rate is not None:
-            print(
-                f"drain while publishing {run.drain.rate:.0f} msgs/s: "
-                f"{run.drain.loaded_rate:.0f} msgs/s acknowledged"
-            )
-        print(f"publishing at {LOAD_FRACTION:.0%} of {run.drain.base:.0f}: {run.rate:.0f} msgs/s")
-    bounds = phase_bounds(windows)
+    print_rate(run)
+    bounds = phase_bounds(run.windows)
     print(
         "phases: "
         + ", ".join(f"{name} {start:.0f}-{end:.0f} s" for name, (start, end) in bounds.items())
     )
     print()
+    print_phases(run)
+    print()
+    print_verdicts(figures, steady_latency)
+    if len(figures["relations"]) > 1:
+        print()
+        print_relations(figures["relations"])
+    load = figures["loadavg_1m"]
+    print(
+        f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
+    )
+    print(f"time series: {figures['series_file']}")
+    print_figures(figures)
+
+
+def print_rate(run: Run) -> None:
+    """The rate published, and the drain rates it was derived from."""
+    if run.drain is None:
+        print(f"rate: {run.rate:.0f} msgs/s (--rate)")
+        return
+    print(
+        f"drain: {run.drain.messages} messages in {run.drain.seconds:.2f} s = "
+        f"{run.drain.rate:.0f} msgs/s idle"
+    )
+    if run.drain.loaded_rate is not None:
+        print(
+            f"drain while publishing {run.drain.rate:.0f} msgs/s: "
+            f"{run.drain.loaded_rate:.0f} msgs/s acknowledged"
+        )
+    print(f"publishing at {LOAD_FRACTION:.0%} of {run.drain.base:.0f}: {run.rate:.0f} msgs/s")
+
+
+def print_phases(run: Run) -> None:
+    """A row per phase: rates, latency percentiles, the most dead tuples
+    and backlog, and the table's size at its end."""
     print(
         f"{'phase':<9} {'pub/s':>7} {'acked/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
         f"{'max dead':>10} {'max backlog':>12} {'MB at end':>10}"
@@ -1354,7 +1459,12 @@ def print_report(run: Run) -> None:
             f"{max(row.dead_tuples for row in rows):>10d} "
             f"{max(row.backlog for row in rows):>12d} {rows[-1].table_bytes / 1e6:>10.1f}"
         )
-    print()
+
+
+def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | None]) -> None:
+    """The three checks against TARGETS: throughput drift, dead tuples'
+    growth, and the p99's recovery after the idle transaction."""
+    verdicts = figures["verdicts"]
     drift = figures["drift_pct"]
     print(
         f"throughput drift (acked/s, last steady minute vs first): "
@@ -1389,15 +1499,6 @@ def print_report(run: Run) -> None:
             f"{figures['steady_acked_per_s']:.0f} of {figures['steady_published_per_s']:.0f} "
             f"msgs/s published, backlog growing), so its p99 is no baseline"
         )
-    if len(figures["relations"]) > 1:
-        print()
-        print_relations(figures["relations"])
-    load = figures["loadavg_1m"]
-    print(
-        f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
-    )
-    print(f"time series: {figures['series_file']}")
-    print_figures(figures)
 
 
 def print_relations(relations: dict[str, dict[str, Any]]) -> None:
