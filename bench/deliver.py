@@ -56,7 +56,7 @@ from bench.publish import (
 if TYPE_CHECKING:
     from broker.models import Queue
     from broker.services.publish import NewMessage
-    from tests.harness import RedisServer, Workers
+    from rig.processes import RedisServer, Workers
 
 T = TypeVar("T")
 
@@ -266,7 +266,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 def wait_for(condition: Callable[[], T | None], *, timeout: float, interval: float, what: str) -> T:
     """tests.harness.wait_until, failing with a BenchError."""
-    from tests.harness import wait_until
+    from rig.processes import wait_until
 
     try:
         return wait_until(condition, timeout=timeout, interval=interval, what=what)
@@ -315,7 +315,7 @@ def new_message(payload: bytes, headers: dict[str, str] | None = None) -> NewMes
 @contextmanager
 def private_redis(directory: Path) -> Iterator[RedisServer]:
     """A redis-server of our own; this process's Celery app sends its wake-ups there."""
-    from tests.harness import RedisServer, point_celery_at
+    from rig.processes import RedisServer, point_celery_at
 
     server = RedisServer(directory=directory)
     try:
@@ -380,7 +380,7 @@ def celery_processes(
     tests.harness.Workers starts them, with ``extra_env`` on top of
     worker_env(); their process groups are killed on the way out, and their
     logs end a failure's message."""
-    from tests.harness import Workers
+    from rig.processes import Workers
 
     workers = Workers(
         directory=directory,

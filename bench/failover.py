@@ -59,8 +59,8 @@ from bench.publish import (
 )
 
 if TYPE_CHECKING:
-    from tests.ha_harness import NodeProcess, Pair, WebServer
-    from tests.harness import Workers
+    from rig.ha import NodeProcess, Pair, WebServer
+    from rig.processes import Workers
 
 QUEUE = "BENCH.FAILOVER"
 PAYLOAD_PREFIX = "bench-failover"
@@ -146,7 +146,7 @@ def positive_float(text: str) -> float:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    from tests.ha_harness import INTERVAL, TIMEOUT
+    from rig.ha import INTERVAL, TIMEOUT
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=positive_int, default=RUNS, help="failovers")
@@ -277,7 +277,7 @@ class Roles:
 
 def harness_wait(condition: Any, *, timeout: float, interval: float, what: str) -> Any:
     """tests.harness.wait_until, failing with a BenchError."""
-    from tests.harness import wait_until
+    from rig.processes import wait_until
 
     try:
         return wait_until(condition, timeout=timeout, interval=interval, what=what)
@@ -686,9 +686,9 @@ def running_pair(directory: Path, options: Options) -> Iterator[tuple[Pair, Role
     """A private redis-server and the durable pair, A primary and B its
     synchronous standby (each in a network namespace of its own for the
     fault "isolated"); everything stopped and removed on the way out."""
-    from tests import netns
-    from tests.ha_harness import ha_pair
-    from tests.harness import RedisServer
+    from rig import netns
+    from rig.ha import ha_pair
+    from rig.processes import RedisServer
 
     with contextlib.ExitStack() as stack:
         network = None
@@ -714,8 +714,8 @@ def running_pair(directory: Path, options: Options) -> Iterator[tuple[Pair, Role
 def clients(pair: Pair, directory: Path) -> Iterator[tuple[WebServer, Workers, Publisher]]:
     """gunicorn on the pair's URL, Celery workers (the demo consumer, no
     beat: the primary node sends the duties) and the publishing client."""
-    from tests.ha_harness import SECRET, WebServer
-    from tests.harness import Workers
+    from rig.ha import SECRET, WebServer
+    from rig.processes import Workers
 
     # tests.harness.Workers reads the test database's URL from Django's
     # settings before extra_env replaces it: give this process settings

@@ -76,7 +76,7 @@ from bench.publish import (
 )
 
 if TYPE_CHECKING:
-    from tests.harness import RedisServer
+    from rig.processes import RedisServer
 
 SIZE = 1024
 # Worker processes per system: Lazaretto's deliveries worker --concurrency,
@@ -1175,7 +1175,7 @@ def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
         with private_redis(directory) as server:
             yield server
         return
-    from tests.harness import RedisServer
+    from rig.processes import RedisServer
 
     server = RedisServer(directory=directory)
     try:

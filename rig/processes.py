@@ -1,0 +1,227 @@
+"""Real processes for delivery tests and benches: a private redis-server and Celery
+delivery workers, a control worker and beat, all on the test database.
+
+Each test gets its own Redis (so it may stop it) and its own worker
+processes (so it may kill them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(
+    condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+def database_url_for_workers() -> str:
+    """The URL of the database pytest-django made for this test run."""
+    db = connection.settings_dict
+    return (
+        f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}"
+    )
+
+
+def _stop(process: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@dataclass
+class RedisServer:
+    directory: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is missing: scripts/services.sh installs it"
+        self.process = subprocess.Popen(
+            [
+                *(binary, "--bind", self.host, "--port", str(self.port)),
+                *("--protected-mode", "no"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.directory)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until(self._answers, timeout=10, what="redis to answer")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
+@dataclass
+class Workers:
+    """Celery processes: delivery workers, a control worker and beat."""
+
+    directory: Path
+    broker_url: str
+    concurrency: int = 2
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # Also a worker on the pipeline queue (the Spark jobs).
+    pipeline: bool = False
+    # Beat sends the scheduled duties; without it a broker node does.
+    beat: bool = True
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def record_file(self) -> Path:
+        return self.directory / "deliveries.jsonl"
+
+    @property
+    def dump_dir(self) -> Path:
+        return self.directory / "dumps"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DATABASE_URL": database_url_for_workers(),
+            "CELERY_BROKER_URL": self.broker_url,
+            "DEBUG": "1",
+            "DUMP_DIR": str(self.dump_dir),
+            "LAZARETTO_CONSUMER_MODULES": "demo_consumers",
+            "LAZARETTO_DEMO_RECORD": str(self.record_file),
+            "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.25",
+            "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.25",
+            **self.extra_env,
+        }
+
+    def start(self) -> None:
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        celery = [sys.executable, "-m", "celery", "-A", "workers"]
+        quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
+        # Each test has its own Redis, so fixed node names cannot collide.
+        self._spawn(
+            "deliveries",
+            [*celery, "worker", "-Q", "deliveries", "-c", str(self.concurrency), *quiet],
+        )
+        self._spawn(
+            "control",
+            [*celery, "worker", "-Q", "control", "-c", "2", "-n", "control@%h", *quiet],
+        )
+        signs = [("deliveries", "ready."), ("control", "ready.")]
+        if self.beat:
+            self._spawn(
+                "beat",
+                [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat")],
+            )
+            signs.append(("beat", "Sending due"))
+        if self.pipeline:
+            self._spawn(
+                "pipeline",
+                [*celery, "worker", "-Q", "pipeline", "-c", "1", "-n", "pipeline@%h", *quiet],
+            )
+            signs.append(("pipeline", "ready."))
+        for name, sign in signs:
+            wait_until(partial(self._logged, name, sign), timeout=60, what=f"{name} to start")
+
+    def _logged(self, name: str, text: str) -> bool:
+        return text in self.log(name)
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        with (self.directory / f"{name}.log").open("wb") as log:
+            self.processes[name] = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self, name: str) -> str:
+        path = self.directory / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def delivery_processes(self) -> list[int]:
+        """The prefork pool's child processes, which run the deliveries."""
+        parent = self.processes["deliveries"].pid
+        pids = []
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            pids += [int(pid) for pid in children.read_text().split()]
+        return [pid for pid in pids if _alive(pid)]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every delivery the demo handler saw, in order."""
+        if not self.record_file.exists():
+            return []
+        return [json.loads(line) for line in self.record_file.read_text().splitlines() if line]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            _stop(process)
+        self.processes.clear()
+
+
+def point_celery_at(broker_url: str) -> None:
+    """Make this (test) process send its wake-ups to ``broker_url``."""
+    from workers.celery import app
+
+    # broker_url itself yields to a CELERY_BROKER_URL environment variable;
+    # the write URL (used for sending) does not.
+    app.conf.broker_write_url = broker_url
+    # Celery caches its connection pools; drop them so the new URL is used.
+    app._pool = None  # type: ignore[attr-defined]
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]
