@@ -1,36 +1,114 @@
-"""REST API for the HA pair: its state for every role; switchover, the
-resolution of a split brain and the republishing of diverged messages for
-admins. As elsewhere, each view parses input, calls one broker service or
-selector, and renders."""
+"""REST API for the HA pair: its state, a switchover, the end of a split brain, and the diverged exports."""
 
 from __future__ import annotations
 
 from typing import cast
 
 from django.contrib.auth.models import User
-from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.ha.admin import ha_overview, ha_resolve, ha_switchover, node_addresses
-from broker.ha.diverged import diverged_republish
-from console.api.schema import ERROR, ErrorSerializer
-from console.api.serializers import (
-    AcceptedSerializer,
-    HaOverviewSerializer,
-    HaResolveSerializer,
-    RepublishedSerializer,
+from broker.ha.admin import (
+    NODE_NAME_MAX_LENGTH,
+    PairOverview,
+    ha_overview,
+    ha_resolve,
+    ha_switchover,
+    node_addresses,
 )
-from console.api.triage import parsed
+from broker.ha.diverged import diverged_republish
+from broker.models import DivergedExport, HaEvent, HaEventKind, Node
+from console.api.fields import AcceptedSerializer, parsed
+from console.api.schema import ERROR, ErrorSerializer
 from console.roles import Role
+
+
+class HaNodeSerializer(serializers.ModelSerializer[Node]):
+    class Meta:
+        model = Node
+        fields = [
+            "name",
+            "role",
+            "mode",
+            "epoch",
+            "address",
+            "last_heartbeat_at",
+            "replication_lag_bytes",
+        ]
+        read_only_fields = fields
+
+
+class HaEventSerializer(serializers.ModelSerializer[HaEvent]):
+    # Not "kind": the schema's KindEnum is the queues' kinds.
+    event = serializers.ChoiceField(choices=HaEventKind.choices, source="kind", read_only=True)
+
+    class Meta:
+        model = HaEvent
+        fields = ["id", "created_at", "event", "node", "epoch", "detail"]
+        read_only_fields = fields
+
+
+class DivergedExportSerializer(serializers.ModelSerializer[DivergedExport]):
+    class Meta:
+        model = DivergedExport
+        fields = [
+            "id",
+            "created_at",
+            "node",
+            "path",
+            "messages",
+            "republished_at",
+            "republished_by",
+        ]
+        read_only_fields = fields
+
+
+class HaOverviewSerializer(serializers.Serializer[PairOverview]):
+    epoch = serializers.SerializerMethodField()
+    primary = serializers.SerializerMethodField()
+    maintenance = serializers.BooleanField(
+        help_text="Split brain: the store refuses every write until an admin picks the primary."
+    )
+    synchronising = serializers.BooleanField(
+        help_text="A standby is rejoining: configuration changes are refused until it is "
+        "synchronised."
+    )
+    alone = serializers.BooleanField(
+        help_text="The primary runs without a synchronous standby: a publish is on one store only."
+    )
+    nodes = HaNodeSerializer(many=True)
+    events = HaEventSerializer(many=True, help_text="Newest first.")
+    exports = DivergedExportSerializer(many=True, help_text="Newest first.")
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_epoch(self, overview: PairOverview) -> int | None:
+        return overview.pair.epoch if overview.pair else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_primary(self, overview: PairOverview) -> str | None:
+        return (overview.pair.primary_name or None) if overview.pair else None
+
+
+class HaResolveSerializer(serializers.Serializer[dict[str, str]]):
+    primary = serializers.CharField(
+        max_length=NODE_NAME_MAX_LENGTH, help_text="The node to keep as primary."
+    )
+
+
+class RepublishedSerializer(serializers.Serializer[dict[str, int]]):
+    published = serializers.IntegerField(help_text="Messages published again.")
+
 
 REFUSED = OpenApiResponse(
     response=ErrorSerializer,
     description="A node refused the command (`ha_command_refused`): an unknown node, no split "
     "brain to resolve, no synchronised standby to hand over to.",
 )
+
+
 UNREACHABLE = OpenApiResponse(
     response=ErrorSerializer,
     description="No broker node answered (`ha_node_unreachable`), or the pair is in "

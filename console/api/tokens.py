@@ -1,5 +1,4 @@
-"""REST API for a user's own API tokens (an admin sees and revokes
-everyone's). Creating answers the key once; it is never shown again."""
+"""REST API for a user's own API tokens."""
 
 from __future__ import annotations
 
@@ -7,15 +6,36 @@ from typing import cast
 
 from django.contrib.auth.models import User
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.schema import ERROR
-from console.api.serializers import NewTokenSerializer, TokenSerializer
+from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
 from console.roles import Role
 from console.tokens import token_create, token_get, token_revoke, tokens_of
+
+
+class TokenSerializer(serializers.ModelSerializer[ApiToken]):
+    user = serializers.CharField(source="user.username", read_only=True)
+    name = serializers.CharField(max_length=TOKEN_NAME_MAX_LENGTH)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "user", "prefix", "created_at", "last_used_at"]
+        read_only_fields = ["id", "user", "prefix", "created_at", "last_used_at"]
+
+
+class NewTokenSerializer(TokenSerializer):
+    key = serializers.CharField(
+        read_only=True,
+        help_text="The key, shown this once: send it as `Authorization: Token <key>`.",
+    )
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "key"]
+        read_only_fields = [*TokenSerializer.Meta.read_only_fields, "key"]
 
 
 def signed_in(request: Request) -> User:

@@ -1,7 +1,4 @@
-"""REST API for triage: the message browser and its actions, bulk jobs,
-dead-letter queues, queue pause/resume/purge and the audit log. As in
-``console.api.views``, each view parses input, calls one broker service or
-selector, and renders."""
+"""REST API for triage: the message browser across queues, one message's actions, and bulk jobs."""
 
 from __future__ import annotations
 
@@ -10,71 +7,148 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.errors import NoActiveRules
-from broker.models import AuditEvent, Message
-from broker.selectors import (
-    MessageFilter,
-    active_rule_table,
-    audit_events,
-    bulk_job_get,
-    dead_letter_groups,
-    dead_letter_queue_get,
-    filtered_messages,
-    message_get,
-    queue_summary,
+from broker.models import (
+    QUEUE_NAME_MAX_LENGTH,
+    BulkJob,
+    Message,
+    MessageState,
+    queue_name_validator,
 )
-from broker.services.archive import archive_search
-from broker.services.bulk import bulk_job_submit
-from broker.services.dead_letters import dead_letter_scan
-from broker.services.queues import queue_get, queue_pause, queue_purge
-from broker.services.transitions.blacklist import message_fail, message_purge, message_release
+from broker.rules import LAZARETTO_REASONS
+from broker.selectors import MessageFilter, bulk_job_get, filtered_messages, message_get
+from broker.services.bulk import MAX_SELECTED, bulk_job_submit
+from broker.services.transitions.blacklist import (
+    TRIAGE_ACTIONS,
+    message_fail,
+    message_purge,
+    message_release,
+)
 from broker.services.transitions.dead_lettered import (
     message_discard,
     message_forward,
     message_retry,
 )
 from broker.services.transitions.resubmit import message_resubmit
+from console.api.fields import NO_CONTENT, parsed
+from console.api.messages import MessageListSerializer, MessageSerializer, NewestFirst, listed
+from console.api.queues import MessageInSerializer
 from console.api.schema import ERROR
-from console.api.serializers import (
-    ArchivePageSerializer,
-    ArchiveQuerySerializer,
-    AuditEventSerializer,
-    AuditQuerySerializer,
-    BulkJobSerializer,
-    BulkRequestSerializer,
-    ConfirmSerializer,
-    DeadLetterQueueSerializer,
-    ForwardSerializer,
-    MessageListSerializer,
-    MessageQuerySerializer,
-    MessageSerializer,
-    PurgeResultSerializer,
-    QueueSummarySerializer,
-    ReasonSerializer,
-    ResubmitResultSerializer,
-    ResubmitSerializer,
-    ScanResultSerializer,
-)
-from console.api.views import NewestFirst, listed, queue_json
 
-NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
+REASON_CHOICES = sorted(LAZARETTO_REASONS)
 
 
-def parsed(serializer_class: type[serializers.Serializer[Any]], data: Any) -> Any:
-    """``serializer_class`` validated over ``data`` (400 with field errors)."""
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return serializer
+class MessageQuerySerializer(serializers.Serializer[MessageFilter]):
+    """The message browser's filters as query parameters; blank means any."""
+
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, required=False, validators=[queue_name_validator]
+    )
+    state = serializers.ChoiceField(choices=MessageState.choices, required=False)
+    reason = serializers.ChoiceField(
+        choices=REASON_CHOICES, required=False, help_text="The dead-letter header's reason."
+    )
+    since = serializers.DateTimeField(required=False, help_text="Published at or after.")
+    until = serializers.DateTimeField(required=False, help_text="Published before.")
+    header = serializers.RegexField(
+        r"^[^=]+=.*$",
+        max_length=200,
+        required=False,
+        help_text="`name=value`: messages whose headers hold that pair.",
+        error_messages={"invalid": "Write it as name=value."},
+    )
+    text = serializers.CharField(
+        max_length=200, required=False, trim_whitespace=False, help_text="Payload contains."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until <= since:
+            raise serializers.ValidationError({"until": ["Must be after since."]})
+        return attrs
+
+    def message_filter(self) -> MessageFilter:
+        return MessageFilter(**self.validated_data)
 
 
-# --- messages -----------------------------------------------------------------
+class ReasonSerializer(serializers.Serializer[dict[str, str]]):
+    reason = serializers.CharField(
+        max_length=500, required=False, default="", help_text="Why, for the audit log."
+    )
+
+
+class ForwardSerializer(ReasonSerializer):
+    queue = serializers.CharField(max_length=QUEUE_NAME_MAX_LENGTH, help_text="The target queue.")
+    keep_header = serializers.BooleanField(
+        default=True, help_text="Keep the dead-letter header on the forwarded message."
+    )
+
+
+class ResubmitSerializer(MessageInSerializer):
+    # A corrected copy is published at once and never expires.
+    delay_seconds = None  # type: ignore[assignment]
+    expires_in_seconds = None  # type: ignore[assignment]
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        required=False,
+        help_text="Where to publish the copy; default: the original's queue, or for a "
+        "dead-lettered message the queue its header names.",
+    )
+
+
+class ResubmitResultSerializer(serializers.Serializer[dict[str, int]]):
+    id = serializers.IntegerField(help_text="The new message's id.")
+
+
+class BulkRequestSerializer(serializers.Serializer[dict[str, Any]]):
+    action = serializers.ChoiceField(choices=sorted(TRIAGE_ACTIONS))
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        required=False,
+        min_length=1,
+        max_length=MAX_SELECTED,
+        help_text="Blacklisted messages to act on; or give `filter`.",
+    )
+    filter = MessageQuerySerializer(
+        required=False, help_text="Act on every blacklisted message the filter selects."
+    )
+    reason = serializers.CharField(max_length=500, required=False, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("ids" in attrs) == ("filter" in attrs):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Give either ids or filter, not both or neither."]}
+            )
+        return attrs
+
+
+class BulkJobSerializer(serializers.ModelSerializer[BulkJob]):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    percent = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = BulkJob
+        fields = [
+            "id",
+            "action",
+            "filters",
+            "reason",
+            "status",
+            "total",
+            "done",
+            "percent",
+            "error",
+            "created_by",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
 
 
 class MessageListView(ListAPIView[Message]):
@@ -102,6 +176,8 @@ TRIAGE_ONE: dict[str, Callable[..., Message]] = {
     "fail": message_fail,
     "retry": message_retry,
 }
+
+
 DELETE_ONE: dict[str, Callable[..., None]] = {"purge": message_purge, "discard": message_discard}
 
 
@@ -170,9 +246,6 @@ class MessageResubmitView(APIView):
         return Response({"id": copy_id}, status=status.HTTP_201_CREATED)
 
 
-# --- bulk jobs ----------------------------------------------------------------
-
-
 class BulkJobCreateView(APIView):
     @extend_schema(
         request=BulkRequestSerializer,
@@ -201,115 +274,3 @@ class JobDetailView(APIView):
     @extend_schema(responses={200: BulkJobSerializer, 404: ERROR})
     def get(self, request: Request, job_id: int) -> Response:
         return Response(BulkJobSerializer(bulk_job_get(job_id=job_id)).data)
-
-
-# --- queues -------------------------------------------------------------------
-
-
-class QueuePauseView(APIView):
-    """pause stops delivery from the queue (publishing goes on); resume
-    restarts it."""
-
-    paused = True
-
-    @extend_schema(request=None, responses={200: QueueSummarySerializer, 404: ERROR})
-    def post(self, request: Request, name: str) -> Response:
-        queue = queue_pause(queue=queue_get(name=name), paused=self.paused, actor=request.user)
-        return Response(queue_json(queue))
-
-
-class QueuePurgeView(APIView):
-    @extend_schema(
-        request=ConfirmSerializer,
-        responses={200: PurgeResultSerializer, 400: ERROR, 404: ERROR},
-        description="Delete every waiting (TBDL) message of the queue. `confirm` must repeat "
-        "the queue's name exactly, or nothing is deleted (400).",
-    )
-    def post(self, request: Request, name: str) -> Response:
-        queue = queue_get(name=name)
-        confirm = parsed(ConfirmSerializer, request.data).validated_data["confirm"]
-        deleted = queue_purge(queue=queue, confirmation=confirm, actor=request.user)
-        return Response({"deleted": deleted})
-
-
-# --- dead-letter queues -------------------------------------------------------
-
-
-class DeadLetterQueueView(APIView):
-    @extend_schema(responses={200: DeadLetterQueueSerializer, 404: ERROR})
-    def get(self, request: Request, name: str) -> Response:
-        queue = dead_letter_queue_get(name=name)
-        groups = dead_letter_groups(queue=queue)
-        table = active_rule_table(queue=queue)
-        return Response(
-            DeadLetterQueueSerializer(
-                {
-                    "queue": queue_summary(queue=queue),
-                    "active_rule_table": table.id if table else None,
-                    "by_reason": [{"key": k, "count": n} for k, n in groups.by_reason],
-                    "by_original_queue": [
-                        {"key": k, "count": n} for k, n in groups.by_original_queue
-                    ],
-                }
-            ).data
-        )
-
-
-class DeadLetterApplyView(APIView):
-    @extend_schema(
-        request=None,
-        responses={200: ScanResultSerializer, 404: ERROR, 409: ERROR},
-        description="Run one scan of the dead-letter queue under its active rules table now, "
-        "as the handler would; 409 `no_active_rules` when it has none.",
-    )
-    def post(self, request: Request, name: str) -> Response:
-        queue = dead_letter_queue_get(name=name)
-        if active_rule_table(queue=queue) is None:
-            raise NoActiveRules(f"{name} has no active rules table.")
-        result = dead_letter_scan(queue=queue)
-        return Response(ScanResultSerializer(result).data)
-
-
-# --- audit --------------------------------------------------------------------
-
-
-class AuditListView(ListAPIView[AuditEvent]):
-    """The audit log, newest first, in keyset pages."""
-
-    queryset = AuditEvent.objects.none()
-    serializer_class = AuditEventSerializer
-    pagination_class = NewestFirst
-    filter_backends: list[Any] = []
-
-    def get_queryset(self) -> QuerySet[AuditEvent]:
-        return audit_events(parsed(AuditQuerySerializer, self.request.query_params).audit_filter())
-
-    @extend_schema(
-        parameters=[AuditQuerySerializer], responses={200: AuditEventSerializer, 400: ERROR}
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
-
-# --- the archive -------------------------------------------------------------------
-
-
-class ArchiveSearchView(APIView):
-    @extend_schema(
-        parameters=[ArchiveQuerySerializer],
-        responses={200: ArchivePageSerializer, 400: ERROR},
-        description="A queue's archived messages published in [since, until), newest first, "
-        "read from the Parquet archive (no database rows).",
-    )
-    def get(self, request: Request) -> Response:
-        query = parsed(ArchiveQuerySerializer, request.query_params).validated_data
-        size = query.pop("page_size")
-        found = archive_search(**query, limit=size + 1)
-        return Response(
-            ArchivePageSerializer(
-                {
-                    "results": found[:size],
-                    "next_before_id": found[size - 1].id if len(found) > size else None,
-                }
-            ).data
-        )

@@ -1,0 +1,83 @@
+"""REST API for the archive's search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
+from broker.services.archive import ArchivedMessage, archive_search
+from console.api.fields import parsed, payload_text
+from console.api.schema import ERROR
+
+
+class ArchiveQuerySerializer(serializers.Serializer[dict[str, Any]]):
+    queue = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, validators=[queue_name_validator]
+    )
+    since = serializers.DateTimeField(required=False, help_text="Published at or after.")
+    until = serializers.DateTimeField(required=False, help_text="Published before.")
+    before_id = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, required=False, help_text="The next page: ids below."
+    )
+    page_size = serializers.IntegerField(min_value=1, max_value=500, default=100)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until <= since:
+            raise serializers.ValidationError({"until": ["Must be after since."]})
+        return attrs
+
+
+class ArchivedMessageSerializer(serializers.Serializer[ArchivedMessage]):
+    id = serializers.IntegerField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=MessageState.choices)
+    payload = serializers.SerializerMethodField()
+    payload_encoding = serializers.SerializerMethodField()
+    content_type = serializers.CharField()
+    headers = serializers.DictField()
+    dead_letter = serializers.DictField(allow_null=True)
+    put_application = serializers.CharField()
+    put_user = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def get_payload(self, message: ArchivedMessage) -> str:
+        return payload_text(message.payload)[0]
+
+    def get_payload_encoding(self, message: ArchivedMessage) -> str:
+        return payload_text(message.payload)[1]
+
+
+class ArchivePageSerializer(serializers.Serializer[dict[str, Any]]):
+    results = ArchivedMessageSerializer(many=True)
+    next_before_id = serializers.IntegerField(
+        allow_null=True, help_text="Pass as `before_id` for the next page; null on the last."
+    )
+
+
+class ArchiveSearchView(APIView):
+    @extend_schema(
+        parameters=[ArchiveQuerySerializer],
+        responses={200: ArchivePageSerializer, 400: ERROR},
+        description="A queue's archived messages published in [since, until), newest first, "
+        "read from the Parquet archive (no database rows).",
+    )
+    def get(self, request: Request) -> Response:
+        query = parsed(ArchiveQuerySerializer, request.query_params).validated_data
+        size = query.pop("page_size")
+        found = archive_search(**query, limit=size + 1)
+        return Response(
+            ArchivePageSerializer(
+                {
+                    "results": found[:size],
+                    "next_before_id": found[size - 1].id if len(found) > size else None,
+                }
+            ).data
+        )

@@ -1,0 +1,288 @@
+"""REST API for queues: their settings, summaries, publishing, pause, resume and purge."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.utils.serializer_helpers import ReturnDict
+from rest_framework.views import APIView
+
+from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
+from broker.models import QUEUE_NAME_MAX_LENGTH, Queue
+from broker.selectors import (
+    LimitState,
+    QueueSummary,
+    dead_letter_queue_list,
+    queue_summaries,
+    queue_summary,
+)
+from broker.services.publish import MAX_DELAY_SECONDS, NewMessage
+from broker.services.queues import (
+    QUEUE_SETTINGS,
+    SECRET_SETTINGS,
+    queue_create,
+    queue_delete,
+    queue_get,
+    queue_pause,
+    queue_purge,
+    queue_update,
+)
+from console.api.fields import (
+    ExpiryField,
+    NameRelatedField,
+    PayloadField,
+    WebhookTimeoutField,
+    fields_through,
+    parsed,
+)
+from console.api.schema import ERROR
+from console.roles import Role
+
+
+class QueueSerializer(serializers.ModelSerializer[Queue]):
+    """A queue's name and settings."""
+
+    dead_letter_queue = NameRelatedField(
+        slug_field="name",
+        queryset=dead_letter_queue_list(),
+        allow_null=True,
+        required=False,
+        help_text="Name of the dead-letter queue; defaults to SYSTEM.DEAD.LETTER.QUEUE.",
+    )
+    webhook_timeout = WebhookTimeoutField(
+        required=False,
+        help_text=(
+            "Seconds a webhook consumer has to accept the connection, and again to "
+            f"answer ({MIN_WEBHOOK_TIMEOUT_SECONDS:g} to {MAX_WEBHOOK_TIMEOUT_SECONDS:g}); "
+            "default 10."
+        ),
+    )
+    webhook_signed = serializers.BooleanField(
+        read_only=True,
+        help_text="Whether webhook POSTs are signed: a webhook_secret is set (it is never "
+        "returned).",
+    )
+
+    class Meta:
+        model = Queue
+        fields = ["name", *QUEUE_SETTINGS, "webhook_signed", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+        # Secrets are written, never read back.
+        extra_kwargs = {
+            name: {
+                "write_only": True,
+                "help_text": "Shared secret (16 to 256 characters) that signs each webhook "
+                "POST with HMAC-SHA256 (Lazaretto-Signature); write-only; blank: unsigned.",
+            }
+            for name in SECRET_SETTINGS
+        }
+
+
+class LimitSerializer(serializers.Serializer[LimitState]):
+    """Where a queue stands against a max_messages limit."""
+
+    live = serializers.IntegerField(help_text="Waiting + in-flight messages.")
+    over_limit = serializers.BooleanField(help_text="Internal moves took it past max_messages.")
+    high_water = serializers.BooleanField(help_text="At 80 % of max_messages or more.")
+
+
+class QueueSummarySerializer(serializers.Serializer[QueueSummary]):
+    """A queue: its name and settings, its messages by state and its limit."""
+
+    depth = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Messages by state: TBDL, DLNG, DLVD, NDLV, FAIL.",
+    )
+    limit = LimitSerializer(help_text="Waiting + in-flight messages against max_messages.")
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        return fields_through(
+            QueueSerializer, "queue", own=super().get_fields(), before="created_at"
+        )
+
+
+class MessageInSerializer(serializers.Serializer[NewMessage]):
+    payload = PayloadField(
+        allow_blank=True, trim_whitespace=False, help_text="The body, as text or base64."
+    )
+    payload_encoding = serializers.ChoiceField(
+        choices=["string", "base64"],
+        default="string",
+        help_text="How `payload` is written: `string` (UTF-8 text) or `base64` (any bytes).",
+    )
+    content_type = serializers.CharField(max_length=100, default="application/octet-stream")
+    headers = serializers.JSONField(default=dict, help_text="A flat object of string values.")
+    priority = serializers.IntegerField(min_value=0, max_value=9, default=4)
+    delay_seconds = serializers.IntegerField(min_value=0, max_value=MAX_DELAY_SECONDS, default=0)
+    expires_in_seconds = ExpiryField(
+        required=False,
+        allow_null=True,
+        help_text="Seconds (above 0, at most 31536000: 365 days) the message may wait from "
+        "its publish; still waiting then, it is not delivered but moved to its queue's "
+        "dead-letter queue with reason `expired`. Absent or null: it never expires.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["payload_encoding"] == "base64":
+            try:
+                attrs["payload"] = base64.b64decode(attrs["payload"], validate=True)
+            except (binascii.Error, ValueError):
+                raise serializers.ValidationError({"payload": ["Not valid base64."]}) from None
+        else:
+            try:
+                attrs["payload"] = attrs["payload"].encode()
+            except UnicodeEncodeError:
+                raise serializers.ValidationError(
+                    {"payload": ["Not valid text: it holds a lone surrogate; send base64."]}
+                ) from None
+        return attrs
+
+    def to_new_message(self, attrs: dict[str, Any]) -> NewMessage:
+        return NewMessage(
+            payload=attrs["payload"],
+            content_type=attrs["content_type"],
+            headers=attrs["headers"],
+            priority=attrs["priority"],
+            delay_seconds=attrs["delay_seconds"],
+            expires_in_seconds=attrs.get("expires_in_seconds"),
+        )
+
+
+class PublishSerializer(serializers.Serializer[list[NewMessage]]):
+    messages = MessageInSerializer(  # type: ignore[call-arg]  # many=True builds a ListSerializer
+        many=True, allow_empty=False, max_length=settings.LAZARETTO_MAX_PUBLISH_BATCH
+    )
+
+    def new_messages(self) -> list[NewMessage]:
+        child = MessageInSerializer()
+        return [child.to_new_message(attrs) for attrs in self.validated_data["messages"]]
+
+
+class PublishResultSerializer(serializers.Serializer[dict[str, Any]]):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField())
+
+
+class ConfirmSerializer(serializers.Serializer[dict[str, str]]):
+    confirm = serializers.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH, help_text="The queue's name, repeated."
+    )
+
+
+class PurgeResultSerializer(serializers.Serializer[dict[str, int]]):
+    deleted = serializers.IntegerField()
+
+
+PUBLISH_EXAMPLES = [
+    OpenApiExample(
+        "One message",
+        value={"payload": '{"order": 1017}', "content_type": "application/json"},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "A batch, with headers, priority and expiry",
+        value={
+            "messages": [
+                {"payload": "first", "headers": {"tenant": "acme"}, "priority": 7},
+                {"payload": "AAEC", "payload_encoding": "base64", "expires_in_seconds": 3600},
+            ]
+        },
+        request_only=True,
+    ),
+    OpenApiExample("Stored", value={"count": 2, "ids": [5012, 5013]}, response_only=True),
+]
+
+
+def as_batch(data: Any) -> Any:
+    """A publish body is one message object, a JSON array of them, or
+    ``{"messages": [...]}`` (with the topic string beside it for a topic)."""
+    if isinstance(data, list):
+        return {"messages": data}
+    if isinstance(data, dict) and "messages" not in data:
+        topic_string = data.get("topic_string", "")
+        message = {key: value for key, value in data.items() if key != "topic_string"}
+        return {"messages": [message], "topic_string": topic_string}
+    return data
+
+
+def queue_json(queue: Queue) -> ReturnDict[str, Any]:
+    return QueueSummarySerializer(queue_summary(queue=queue)).data
+
+
+class QueueListView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=QueueSummarySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        summaries = queue_summaries()
+        # many=True builds a ListSerializer, which takes the list.
+        return Response(QueueSummarySerializer(summaries, many=True).data)  # type: ignore[arg-type]
+
+    @extend_schema(request=QueueSerializer, responses={201: QueueSummarySerializer, 400: ERROR})
+    def post(self, request: Request) -> Response:
+        serializer = QueueSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        queue = queue_create(actor=request.user, **serializer.validated_data)
+        return Response(queue_json(queue), status=status.HTTP_201_CREATED)
+
+
+class QueueDetailView(APIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses={200: QueueSummarySerializer, 404: ERROR})
+    def get(self, request: Request, name: str) -> Response:
+        return Response(queue_json(queue_get(name=name)))
+
+    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
+    def put(self, request: Request, name: str) -> Response:
+        return self._update(request, name, partial=False)
+
+    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
+    def patch(self, request: Request, name: str) -> Response:
+        return self._update(request, name, partial=True)
+
+    def _update(self, request: Request, name: str, *, partial: bool) -> Response:
+        queue = queue_get(name=name)
+        serializer = QueueSerializer(queue, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        return Response(
+            queue_json(queue_update(queue=queue, actor=request.user, **serializer.validated_data))
+        )
+
+    @extend_schema(responses={204: None, 404: ERROR, 409: ERROR})
+    def delete(self, request: Request, name: str) -> Response:
+        queue_delete(queue=queue_get(name=name), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QueuePauseView(APIView):
+    """pause stops delivery from the queue (publishing goes on); resume
+    restarts it."""
+
+    paused = True
+
+    @extend_schema(request=None, responses={200: QueueSummarySerializer, 404: ERROR})
+    def post(self, request: Request, name: str) -> Response:
+        queue = queue_pause(queue=queue_get(name=name), paused=self.paused, actor=request.user)
+        return Response(queue_json(queue))
+
+
+class QueuePurgeView(APIView):
+    @extend_schema(
+        request=ConfirmSerializer,
+        responses={200: PurgeResultSerializer, 400: ERROR, 404: ERROR},
+        description="Delete every waiting (TBDL) message of the queue. `confirm` must repeat "
+        "the queue's name exactly, or nothing is deleted (400).",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        queue = queue_get(name=name)
+        confirm = parsed(ConfirmSerializer, request.data).validated_data["confirm"]
+        deleted = queue_purge(queue=queue, confirmation=confirm, actor=request.user)
+        return Response({"deleted": deleted})

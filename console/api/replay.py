@@ -1,0 +1,282 @@
+"""REST API for replay jobs: submit, preview, follow and control."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import django_filters
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.generics import ListAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
+from broker.services.replay import (
+    MAX_VELOCITY,
+    ReplayFilter,
+    ReplaySpec,
+    replay_job_cancel,
+    replay_job_get,
+    replay_job_run_again,
+    replay_job_submit,
+    replay_preview,
+)
+from console.api.fields import as_mapping, unknown_keys
+from console.api.messages import NewestFirst
+from console.api.schema import ERROR
+
+
+class ReplayFilterSerializer(serializers.Serializer[ReplayFilter]):
+    """Which source messages a replay job takes; empty parts take everything."""
+
+    queues = serializers.ListField(
+        child=serializers.CharField(),
+        default=list,
+        help_text="Queue names; for a dead-letter source, the queues the messages were "
+        "dead-lettered from.",
+    )
+    reason = serializers.CharField(
+        allow_blank=True, default="", help_text="Dead-letter reason code (`handler_error`, ...)."
+    )
+    since = serializers.DateTimeField(
+        allow_null=True, default=None, help_text="Published at or after (ISO 8601)."
+    )
+    until = serializers.DateTimeField(
+        allow_null=True, default=None, help_text="Published before (ISO 8601)."
+    )
+    header = serializers.CharField(
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="`name=value`: messages whose header `name` is `value`.",
+    )
+    payload_text = serializers.CharField(
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="Messages whose payload contains this text.",
+    )
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        unknown = unknown_keys(data, self.fields)
+        try:
+            values: dict[str, Any] = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            raise serializers.ValidationError({**as_mapping(error.detail), **unknown}) from None
+        if unknown:
+            raise serializers.ValidationError(unknown)
+        return values
+
+
+FILTER_PARTS = frozenset(field.name for field in dataclasses.fields(ReplayFilter))
+
+
+class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
+    """What a replay job does. The shape is checked here; whether the job
+    can run (queues exist, rules parse, the range is sane) is the replay
+    service's to say, by field."""
+
+    # DRF's metaclass takes declared fields out of the class, so this one
+    # does not shadow Field.source at run time; the stubs cannot tell.
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=ReplaySource.choices, help_text="Where the messages come from."
+    )
+    source_queue = serializers.CharField(
+        allow_blank=True,
+        default="",
+        help_text="The dead-letter queue to read, for source `dead_letter` (and only then).",
+    )
+    filter = ReplayFilterSerializer(required=False)
+    target_queue = serializers.CharField(
+        allow_blank=True,
+        default="",
+        help_text="Where every message goes; blank: each back to its original queue.",
+    )
+    rules_text = serializers.CharField(
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,
+        help_text="A rules table in runmqdlq syntax that routes (or skips) each message.",
+    )
+    velocity = serializers.IntegerField(
+        allow_null=True,
+        default=None,
+        help_text=f"At most this many messages written per second (1 to {MAX_VELOCITY}); "
+        "null: no limit.",
+    )
+    dry_run = serializers.BooleanField(
+        default=False, help_text="Count and sample what the job would write; write nothing."
+    )
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        """Errors in the filter are named by the filter's part (``until``,
+        ``queues``), as the replay service names them."""
+        unknown = unknown_keys(data, self.fields)
+        try:
+            values: dict[str, Any] = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            detail = as_mapping(error.detail)
+            window = detail.pop("filter", None)
+            if isinstance(window, dict):
+                for key, messages in window.items():
+                    if key == api_settings.NON_FIELD_ERRORS_KEY:
+                        detail["filter"] = messages
+                    else:
+                        detail[key if key in FILTER_PARTS else f"filter.{key}"] = messages
+            elif window is not None:
+                detail["filter"] = window
+            raise serializers.ValidationError({**detail, **unknown}) from None
+        if unknown:
+            raise serializers.ValidationError(unknown)
+        return values
+
+    def spec(self) -> ReplaySpec:
+        data = self.validated_data
+        window = data.get("filter")
+        return ReplaySpec(
+            source=data["source"],
+            source_queue=data["source_queue"],
+            filter=ReplayFilter(**{**window, "queues": tuple(window["queues"])})
+            if window
+            else ReplayFilter(),
+            target_queue=data["target_queue"],
+            rules_text=data["rules_text"],
+            velocity=data["velocity"],
+            dry_run=data["dry_run"],
+        )
+
+
+class ReplayJobSerializer(serializers.ModelSerializer[ReplayJob]):
+    """A replay job: what it does, where it stands, what it wrote."""
+
+    filter = serializers.SerializerMethodField()
+    percent = serializers.IntegerField(read_only=True, help_text="Progress, 0 to 100.")
+    per_target = serializers.DictField(
+        child=serializers.IntegerField(), read_only=True, help_text="Messages per target queue."
+    )
+    per_rule = serializers.DictField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        help_text='Messages per rule of `rules_text` (its number, or "none").',
+    )
+    sample = serializers.JSONField(
+        read_only=True, help_text="For a dry run, a few of the messages it would write."
+    )
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, allow_null=True, default=None
+    )
+
+    class Meta:
+        model = ReplayJob
+        fields = [
+            "id",
+            "status",
+            "percent",
+            "source",
+            "source_queue",
+            "filter",
+            "target_queue",
+            "rules_text",
+            "velocity",
+            "dry_run",
+            "cancel_requested",
+            "total",
+            "read",
+            "matched",
+            "written",
+            "skipped",
+            "failed",
+            "per_target",
+            "per_rule",
+            "sample",
+            "spark_app_id",
+            "runs",
+            "error",
+            "created_by",
+            "created_at",
+            "started_at",
+            "heartbeat_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(ReplayFilterSerializer)
+    def get_filter(self, job: ReplayJob) -> dict[str, Any]:
+        return dict(ReplayFilterSerializer(ReplayFilter.from_stored(job.filters)).data)
+
+
+class ReplayPreviewSerializer(serializers.Serializer[dict[str, int]]):
+    count = serializers.IntegerField(help_text="Messages the filter matches, before any rules.")
+
+
+class ReplayJobFilter(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=ReplayJobStatus.choices)
+
+    class Meta:
+        model = ReplayJob
+        fields = ["status"]
+
+
+REPLAY_SPEC_ERRORS = (
+    "Field errors name the field: `source`, `source_queue`, `target_queue`, `rules_text` "
+    '("line N, column C: ..."), `velocity`, `dry_run`, and the filter\'s parts by their own '
+    "names (`queues`, `reason`, `since`, `until`, `header`, `payload_text`). Unknown keys are "
+    "refused."
+)
+
+
+class ReplayJobListView(ListAPIView[ReplayJob]):
+    """Replay jobs, newest first, in keyset pages; `?status=` (repeatable)."""
+
+    queryset = ReplayJob.objects.select_related("created_by")
+    serializer_class = ReplayJobSerializer
+    filterset_class = ReplayJobFilter
+    pagination_class = NewestFirst
+
+    @extend_schema(
+        request=ReplaySpecSerializer,
+        responses={201: ReplayJobSerializer, 400: ERROR, 403: ERROR},
+        description="Submit a replay job (operator). It is checked whole: anything wrong is "
+        "400 with an error per field and nothing is stored. A worker runs it on Spark. "
+        + REPLAY_SPEC_ERRORS,
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ReplaySpecSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = replay_job_submit(spec=serializer.spec(), actor=request.user)
+        return Response(ReplayJobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class ReplayPreviewView(APIView):
+    @extend_schema(
+        request=ReplaySpecSerializer,
+        responses={200: ReplayPreviewSerializer, 400: ERROR, 403: ERROR},
+        description="How many messages a replay job would read (its filter, before any "
+        "rules), checked as a submission is; nothing is stored. " + REPLAY_SPEC_ERRORS,
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ReplaySpecSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response({"count": replay_preview(serializer.spec())})
+
+
+class ReplayJobDetailView(APIView):
+    @extend_schema(responses={200: ReplayJobSerializer, 404: ERROR})
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(ReplayJobSerializer(replay_job_get(job_id=job_id)).data)
+
+
+class ReplayJobActionView(APIView):
+    """cancel: stop a queued or running job. run: queue a finished, failed or
+    cancelled job again; it writes only what earlier runs did not."""
+
+    operation = ""
+
+    @extend_schema(request=None, responses={200: ReplayJobSerializer, 404: ERROR, 409: ERROR})
+    def post(self, request: Request, job_id: int) -> Response:
+        act = replay_job_cancel if self.operation == "cancel" else replay_job_run_again
+        return Response(ReplayJobSerializer(act(job_id=job_id, actor=request.user)).data)
