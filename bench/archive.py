@@ -6,7 +6,7 @@ Run from the project root with the services env sourced::
     .venv/bin/python -m bench.archive [--messages N] [--size BYTES]
         [--chunk-rows R] [--partitions P]
 
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
 and its own ARCHIVE_DIR (a temporary directory), and removes both at the end.
 It writes N delivered (DLVD) messages of SIZE random bytes published 10 days
 ago (setup, not timed), then times ``workers.pipeline.archive_launch()``,
@@ -32,11 +32,10 @@ from typing import Any
 
 import psycopg
 
-from bench.publish import (
+from bench.harness import (
     BenchError,
     batch_sizes,
     checkpoint,
-    copy_batch,
     log,
     make_queue,
     positive_int,
@@ -44,6 +43,7 @@ from bench.publish import (
     run_bench,
     setup_django,
 )
+from bench.loaders import age_delivered, copy_batch
 from bench.replay import (
     DRIVER_ENV,
     JDBC_APPLICATION,
@@ -59,15 +59,6 @@ AGE_DAYS = 10
 SETUP_BATCH = 10_000
 CONTENT_TYPE = "application/octet-stream"
 
-DELIVERED_SQL = """
-UPDATE broker_message
-SET state = 'DLVD', attempts = 1, created_at = now() - make_interval(days => %(days)s),
-    available_at = now() - make_interval(days => %(days)s),
-    enqueued_at = now() - make_interval(days => %(days)s),
-    updated_at = now() - make_interval(days => %(days)s) + interval '1 second'
-WHERE queue_id = %(queue)s
-RETURNING id
-"""
 LEFT_SQL = """
 SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %(queue)s),
        (SELECT sum(count) FROM broker_queuedepth_current WHERE queue_id = %(queue)s)
@@ -148,7 +139,7 @@ def random_payloads(count: int, size: int) -> list[bytes]:
 
 def deliver_old(bench_url: str, options: Options) -> tuple[int, list[int]]:
     """N messages DLVD on QUEUE, published AGE_DAYS days ago: written with the
-    COPY writer, then aged and delivered by one UPDATE. Returns the queue's id
+    COPY writer, then aged and delivered by a loader. Returns the queue's id
     and the messages' ids."""
     from broker.services.publish import NewMessage
 
@@ -161,9 +152,7 @@ def deliver_old(bench_url: str, options: Options) -> tuple[int, list[int]]:
                 for payload in random_payloads(count, options.size)
             ]
             copy_batch(conn, queue.id, messages)
-        with conn.transaction():
-            rows = conn.execute(DELIVERED_SQL, {"days": AGE_DAYS, "queue": queue.id}).fetchall()
-    ids = sorted(message_id for (message_id,) in rows)
+        ids = age_delivered(conn, queue.id, AGE_DAYS)
     if len(ids) != options.messages:
         raise BenchError(f"setup: {len(ids)} of {options.messages} messages delivered")
     log(

@@ -6,7 +6,7 @@ Run from the project root with the services env sourced::
     .venv/bin/python -m bench.console [--messages N] [--repeat R]
 
 The bench makes its own database (``lazaretto_bench_<pid>``, see
-bench/publish.py), seeds N messages (default 1,000,000) over 10 queues in
+bench/harness.py), seeds N messages (default 1,000,000) over 10 queues in
 every state, then requests each console page R times (default 20) through
 Django's test client as a logged-in viewer and reports p50 and p95. Beside
 each page it times the SQL alone that a naive page would run instead (counts
@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.publish import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.harness import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.loaders import spread_states
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
 TARGET_P95_MS = 300.0
@@ -69,33 +70,7 @@ def seed(total: int) -> None:
                     put_application="bench",
                 )
         log(f"seeded {per_queue} messages into {name}")
-    _spread_states()
-
-
-def _spread_states() -> None:
-    from django.db import connection
-
-    low = 0
-    with connection.cursor() as cursor:
-        for state, share in STATES:
-            high = low + share
-            if state != "TBDL":
-                extra = (
-                    ", lease_owner = 'bench:1:1', lease_deadline = now() + interval '1 day'"
-                    if state == "DLNG"
-                    else ""
-                )
-                cursor.execute(
-                    f"UPDATE broker_message SET state = %s{extra} "
-                    "WHERE id %% 100 >= %s AND id %% 100 < %s",
-                    [state, low, high],
-                )
-            low = high
-        cursor.execute(
-            'UPDATE broker_message SET dead_letter = \'{"reason": "format_error"}\'::jsonb '
-            "WHERE state = 'NDLV' AND id % 1000 = 7"
-        )
-        cursor.execute("VACUUM ANALYZE broker_message")
+    spread_states(STATES)
     log("spread the states")
 
 

@@ -8,7 +8,7 @@ Run from the project root with the services env sourced::
         [--concurrency C] [--size BYTES] [--batch1-messages M]
         [--isolation | --no-isolation]
 
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
 and its own redis-server on a free port, and removes both at the end. For each
 batch size it times a bare psycopg loop running the service's own claim and
 ack statements, then Celery workers (``noop`` consumer) draining the same
@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from bench.publish import (
+from bench.harness import (
     BenchError,
+    batch_list,
     batch_sizes,
     checkpoint,
     log,
@@ -51,6 +52,7 @@ from bench.publish import (
     print_figures,
     run_bench,
     setup_django,
+    wait_for,
 )
 
 if TYPE_CHECKING:
@@ -223,18 +225,6 @@ class IsolationResult:
 # --- arguments ----------------------------------------------------------------
 
 
-def batch_list(text: str) -> tuple[int, ...]:
-    try:
-        sizes = [positive_int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of sizes: {text!r}"
-        ) from error
-    if not sizes:
-        raise argparse.ArgumentTypeError("give at least one batch size")
-    return tuple(dict.fromkeys(sizes))
-
-
 def parse_args(argv: Sequence[str] | None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--messages", type=positive_int, default=100_000, help="per path")
@@ -262,16 +252,6 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 # --- helpers --------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], T | None], *, timeout: float, interval: float, what: str) -> T:
-    """tests.harness.wait_until, failing with a BenchError."""
-    from rig.processes import wait_until
-
-    try:
-        return wait_until(condition, timeout=timeout, interval=interval, what=what)
-    except AssertionError as error:
-        raise BenchError(str(error)) from None
 
 
 def depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:

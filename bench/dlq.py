@@ -5,7 +5,7 @@ Run from the project root with the services env sourced::
 
     .venv/bin/python -m bench.dlq [--messages N]
 
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py),
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py),
 dead-letters N messages from ten queues with a mix of reasons, and times one
 ``dead_letter_scan`` over the dead-letter queue under a 20-rule table whose
 matches fall on every rule position; it checks the queue is empty afterwards.
@@ -21,7 +21,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.publish import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.harness import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.loaders import move_to_dead_letters
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGINS = [f"APP{n}.IN" for n in range(10)]
@@ -53,8 +54,6 @@ def dead_letter(total: int) -> None:
     """``total`` messages on the dead-letter queue with realistic headers,
     written in bulk: published to their origin queues, then moved with one
     statement per batch, as dead-lettering leaves them."""
-    from django.db import connection
-
     from broker.services.publish import NewMessage, messages_publish
     from broker.services.queues import queue_create
 
@@ -66,18 +65,7 @@ def dead_letter(total: int) -> None:
         origin = ORIGINS[(start // BATCH) % len(ORIGINS)]
         ids = messages_publish(queue_name=origin, messages=[message] * count)
         reasons = [REASONS[(start + n) % len(REASONS)] for n in range(count)]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE broker_message AS m
-                SET queue_id = (SELECT id FROM broker_queue WHERE name = %(dlq)s),
-                    dead_letter = jsonb_build_object('reason', r.reason, 'original_queue', %(origin)s),
-                    updated_at = now() - interval '1 second'
-                FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
-                WHERE m.id = r.id
-                """,
-                {"dlq": DLQ, "origin": origin, "ids": ids, "reasons": reasons},
-            )
+        move_to_dead_letters(ids=ids, reasons=reasons, origin=origin, dlq=DLQ)
 
 
 def activate_table() -> None:

@@ -48,14 +48,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from bench.publish import (
-    DURABILITY,
+from bench.harness import (
     BenchError,
-    describe_durability,
     log,
+    positive_float,
     positive_int,
     print_figures,
     read_durability,
+    record_environment,
+    wait_for,
 )
 
 if TYPE_CHECKING:
@@ -136,13 +137,6 @@ class Options:
             "HA_HEARTBEAT_INTERVAL": f"{self.interval:g}",
             "HA_HEARTBEAT_TIMEOUT": f"{self.timeout:g}",
         }
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -275,16 +269,6 @@ class Roles:
         self.primary, self.standby = self.standby, self.primary
 
 
-def harness_wait(condition: Any, *, timeout: float, interval: float, what: str) -> Any:
-    """tests.harness.wait_until, failing with a BenchError."""
-    from rig.processes import wait_until
-
-    try:
-        return wait_until(condition, timeout=timeout, interval=interval, what=what)
-    except AssertionError as error:
-        raise BenchError(str(error)) from None
-
-
 def wait_synchronous(pair: Pair, roles: Roles, timeout: float) -> None:
     """Both roles as wanted, the primary's mode synchronous."""
     try:
@@ -294,7 +278,7 @@ def wait_synchronous(pair: Pair, roles: Roles, timeout: float) -> None:
     except AssertionError as error:
         raise BenchError(str(error)) from None
     try:
-        harness_wait(
+        wait_for(
             lambda: (roles.primary.status() or {}).get("mode") == "synchronous",
             timeout=SYNCHRONOUS_TIMEOUT_SECONDS,
             interval=POLL_SECONDS,
@@ -307,7 +291,7 @@ def wait_synchronous(pair: Pair, roles: Roles, timeout: float) -> None:
 def warm_up(publisher: Publisher, interval: float) -> None:
     count = len(publisher.acked())
     started = time.monotonic()
-    harness_wait(
+    wait_for(
         lambda: len(publisher.acked()) >= count + WARMUP_ACKS
         and time.monotonic() - started >= WARMUP_SECONDS,
         timeout=RESUME_TIMEOUT_SECONDS,
@@ -368,7 +352,7 @@ def wait_first_delivery(
     pair: Pair, publisher: Publisher, workers: Workers, dead: float
 ) -> tuple[dict[str, Any], str]:
     try:
-        harness_wait(
+        wait_for(
             lambda: first_delivery(publisher, workers, dead),
             timeout=DELIVERY_TIMEOUT_SECONDS,
             interval=POLL_SECONDS,
@@ -403,7 +387,7 @@ def wait_dlvd(pair: Pair, node: NodeProcess, message_id: int, payload: str) -> f
 
     try:
         return float(
-            harness_wait(
+            wait_for(
                 dlvd,
                 timeout=DELIVERY_TIMEOUT_SECONDS,
                 interval=POLL_SECONDS,
@@ -493,7 +477,7 @@ def wait_resumed(
     killed: float,
     dead: float,
 ) -> Resumption:
-    harness_wait(
+    wait_for(
         lambda: sum(
             1 for answer in publisher.snapshot() if answer.status == 201 and answer.sent > dead
         )
@@ -758,8 +742,7 @@ def run_all(options: Options) -> Figures:
         clients(pair, Path(tmp)) as (web, workers, publisher),
     ):
         durability, replication = clusters_durability(pair, roles.primary)
-        DURABILITY.update(durability[roles.primary.name])
-        print(describe_durability(DURABILITY), flush=True)
+        record_environment(durability[roles.primary.name])
         profiles = ", ".join(f"{name} {found['profile']}" for name, found in durability.items())
         print(
             f"replication: {replication['mode']} "

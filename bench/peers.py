@@ -43,7 +43,6 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
-from bench import publish
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
 from bench._venv import VenvError, venv_python
 from bench.deliver import (
@@ -61,12 +60,14 @@ from bench.deliver import (
 from bench.deliver import (
     Options as DeliverOptions,
 )
-from bench.publish import (
+from bench.harness import (
+    BENCH_DB,
     DURABILITY,
     ROOT,
     BenchError,
     close_django,
     database_urls,
+    drop_database,
     log,
     make_payload,
     positive_int,
@@ -374,7 +375,7 @@ def libpq_env(url: str, database: str) -> dict[str, str]:
 def run_pgbench(bench_url: str) -> float:
     """``pgbench -N`` TPS on its own scratch database, dropped afterwards."""
     bindir = pg_bindir()
-    database = f"{publish.BENCH_DB}_pgbench"
+    database = f"{BENCH_DB}_pgbench"
     _, maintenance_url = database_urls(bench_url)
     with psycopg.connect(maintenance_url, autocommit=True) as conn:
         conn.execute(
@@ -427,20 +428,13 @@ class Context:
     deliver: Bench | None = None
 
 
-def drop_database(maintenance_url: str, name: str) -> None:
-    with psycopg.connect(maintenance_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
 def fresh_database(ctx: Context, *, template: str | None = None) -> None:
     """Make the bench database anew: empty, or a copy of ``template``."""
     close_django()
-    drop_database(ctx.maintenance_url, publish.BENCH_DB)
+    drop_database(ctx.maintenance_url, BENCH_DB)
     copy = sql.SQL(" TEMPLATE {}").format(sql.Identifier(template)) if template else sql.SQL("")
     with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(publish.BENCH_DB), copy))
+        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(BENCH_DB), copy))
 
 
 def make_template(ctx: Context) -> str:
@@ -448,12 +442,12 @@ def make_template(ctx: Context) -> str:
     Lazaretto and bare runs' databases."""
     setup_django(ctx.bench_url)
     close_django()
-    template = f"{publish.BENCH_DB}_template"
+    template = f"{BENCH_DB}_template"
     drop_database(ctx.maintenance_url, template)
     with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(template), sql.Identifier(publish.BENCH_DB)
+                sql.Identifier(template), sql.Identifier(BENCH_DB)
             )
         )
     return template

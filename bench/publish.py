@@ -13,8 +13,6 @@ with the figures; logs go to stderr.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import http.client
 import json
 import os
@@ -26,35 +24,45 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import psycopg
-from psycopg import sql
+
+from bench.harness import (
+    CONTENT_TYPE,
+    HEADERS,
+    ROOT,
+    BenchError,
+    QueueRef,
+    at_least,
+    batch_sizes,
+    checkpoint,
+    log,
+    make_messages,
+    make_payload,
+    make_queue,
+    parser,
+    positive_int,
+    print_figures,
+    run_bench,
+    setup_django,
+    table,
+    timed,
+    title,
+)
+from bench.loaders import PUT_APPLICATION, PUT_USER, copy_batch
 
 if TYPE_CHECKING:
     from broker.services.publish import NewMessage
 
-ROOT = Path(__file__).resolve().parent.parent
-# One database per bench process, so benches can run side by side.
-BENCH_DB = f"lazaretto_bench_{os.getpid()}"
-MAINTENANCE_DB = "postgres"
 TARGETS = {"service_vs_copy": 0.5, "api_vs_copy": 0.25, "limit_vs_service": 0.7}
 # Relative to which path each ratio is reported.
 BASELINES = {"service": "copy", "api": "copy", "limit": "service", "topic5": "service"}
 LIMIT = 1_000_000
 TOPIC_SUBSCRIPTIONS = 5
-CONTENT_TYPE = "text/plain"
-HEADERS = {"source": "bench", "kind": "publish"}
-PUT_USER = "bench"
-PUT_APPLICATION = "bench"
 SERVER_START_SECONDS = 60.0
 SERVER_STOP_SECONDS = 15.0
-
-
-class BenchError(Exception):
-    """The bench could not measure what it claims to (wrong count, bad answer)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +83,6 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class QueueRef:
-    name: str
-    id: int
-
-
-@dataclass(frozen=True)
 class Result:
     path: str
     seconds: float
@@ -91,117 +93,15 @@ class Result:
         return self.messages / self.seconds
 
 
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=100_000, help="messages per path")
-    parser.add_argument(
+    options = parser(__doc__, messages=100_000, messages_help="messages per path", size=True)
+    options.add_argument(
         "--batch", type=positive_int, default=1000, help="messages per call (<=1000)"
     )
-    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
-    args = parser.parse_args(argv)
+    args = options.parse_args(argv)
     if args.batch > 1000:
-        parser.error("--batch may be at most 1000 (the publish limit)")
+        options.error("--batch may be at most 1000 (the publish limit)")
     return Options(messages=args.messages, batch=args.batch, size=args.size)
-
-
-# --- the bench database -----------------------------------------------------
-
-
-def database_urls(url: str) -> tuple[str, str]:
-    """(bench database URL, maintenance database URL) on the server of ``url``."""
-    parts = urlsplit(url)
-    bench = parts._replace(path=f"/{BENCH_DB}")
-    maintenance = parts._replace(path=f"/{MAINTENANCE_DB}")
-    return bench.geturl(), maintenance.geturl()
-
-
-def drop_database(maintenance_url: str) -> None:
-    with psycopg.connect(maintenance_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB))
-        )
-
-
-def create_database(maintenance_url: str) -> None:
-    drop_database(maintenance_url)
-    with psycopg.connect(maintenance_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
-
-
-# --- the durability profile measured -----------------------------------------
-
-DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")
-# What run_bench read on the bench database; print_figures adds it to the JSON.
-DURABILITY: dict[str, str] = {}
-
-
-def read_durability(url: str) -> dict[str, str]:
-    """The durability settings a new session on ``url`` sees, and their
-    profile: ``durable`` when every commit waits for fsynced WAL and full pages
-    are logged, else ``fast``."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        settings = {}
-        for name in DURABILITY_SETTINGS:
-            row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
-            settings[name] = str(row[0]) if row else "?"
-    durable = (
-        settings["fsync"] == "on"
-        and settings["full_page_writes"] == "on"
-        and settings["synchronous_commit"] != "off"
-    )
-    return {"profile": "durable" if durable else "fast", **settings}
-
-
-def describe_durability(durability: dict[str, str]) -> str:
-    """``postgresql: durable (fsync on, synchronous_commit on, full_page_writes on)``"""
-    settings = ", ".join(f"{name} {durability[name]}" for name in DURABILITY_SETTINGS)
-    return f"postgresql: {durability['profile']} ({settings})"
-
-
-def print_figures(figures: dict[str, Any]) -> None:
-    """Print a bench's last line: its figures as one JSON object, with the
-    durability profile run_bench measured on."""
-    print(json.dumps({**figures, "durability": dict(DURABILITY)}), flush=True)
-
-
-def setup_django(bench_url: str) -> None:
-    os.environ["DATABASE_URL"] = bench_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    os.environ.setdefault("DEBUG", "1")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
-
-
-def close_django() -> None:
-    from django.apps import apps
-
-    if apps.ready:
-        from django.db import connections
-
-        connections.close_all()
-
-
-def make_queue(name: str, size: int, **limits: Any) -> QueueRef:
-    from broker.services.queues import queue_create
-
-    queue = queue_create(name=name, max_payload_bytes=max(size, 1024 * 1024), **limits)
-    return QueueRef(name=queue.name, id=queue.id)
 
 
 def make_limited_queue(name: str, size: int) -> QueueRef:
@@ -241,17 +141,6 @@ def topic_queues(topic: QueueRef) -> list[QueueRef]:
     ]
 
 
-def checkpoint() -> None:
-    """Flush dirty buffers so one path's writes are not paid for by the next."""
-    from django.db import DatabaseError, connection
-
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("CHECKPOINT")
-    except DatabaseError as error:
-        log(f"CHECKPOINT skipped: {error}")
-
-
 def verify(queue: QueueRef, expected: int, path: str) -> None:
     """The queue holds exactly ``expected`` rows, and its depth counter agrees."""
     from django.db import connection
@@ -269,52 +158,7 @@ def verify(queue: QueueRef, expected: int, path: str) -> None:
     log(f"{path}: verified {rows} rows, depth counter {depth}")
 
 
-# --- the workload -----------------------------------------------------------
-
-
-def batch_sizes(total: int, batch: int) -> list[int]:
-    full, rest = divmod(total, batch)
-    return [batch] * full + ([rest] if rest else [])
-
-
-def make_payload(size: int) -> bytes:
-    """ASCII (valid UTF-8, so the API can carry it as a string) and incompressible."""
-    return base64.b64encode(os.urandom(size))[:size]
-
-
-def make_messages(payload: bytes, count: int) -> list[NewMessage]:
-    from broker.services.publish import NewMessage
-
-    return [
-        NewMessage(payload=payload, content_type=CONTENT_TYPE, headers=HEADERS)
-        for _ in range(count)
-    ]
-
-
-def timed(run: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
-
-
 # --- path a: bare psycopg COPY ----------------------------------------------
-
-
-def copy_batch(
-    conn: psycopg.Connection[Any], queue_id: int, messages: Sequence[NewMessage]
-) -> None:
-    """One transaction: the service's own COPY writer on a bare psycopg
-    connection, without the queue lookup, validation or Django."""
-    from broker.services.publish import copy_messages
-
-    with conn.transaction(), conn.cursor() as cursor:
-        copy_messages(
-            cursor,
-            queue_id=queue_id,
-            messages=messages,
-            put_user=PUT_USER,
-            put_application=PUT_APPLICATION,
-        )
 
 
 def run_copy(work: Workload, queue: QueueRef) -> float:
@@ -531,80 +375,40 @@ def run_all(options: Options, bench_url: str) -> list[Result]:
 
 def summary(options: Options, results: list[Result]) -> dict[str, Any]:
     rates = {result.path: result.rate for result in results}
+    ratios = {
+        f"{path}_vs_{base}": round(rates[path] / rates[base], 3) for path, base in BASELINES.items()
+    }
     return {
         "bench": "publish",
         "messages": options.messages,
         "batch": options.batch,
         "payload_bytes": options.size,
-        "copy_msgs_per_s": round(rates["copy"], 1),
-        "service_msgs_per_s": round(rates["service"], 1),
-        "api_msgs_per_s": round(rates["api"], 1),
-        "limit_msgs_per_s": round(rates["limit"], 1),
-        "topic5_msgs_per_s": round(rates["topic5"], 1),
-        "service_vs_copy": round(rates["service"] / rates["copy"], 3),
-        "api_vs_copy": round(rates["api"] / rates["copy"], 3),
-        "limit_vs_service": round(rates["limit"] / rates["service"], 3),
-        "topic5_vs_service": round(rates["topic5"] / rates["service"], 3),
+        **{f"{path}_msgs_per_s": round(rate, 1) for path, rate in rates.items()},
+        **ratios,
         "targets": dict(TARGETS),
     }
 
 
 def print_report(options: Options, results: list[Result]) -> None:
-    figures = summary(options, results)
     rates = {result.path: result.rate for result in results}
-    print(
+    title(
         f"publish bench: {options.messages} messages of {options.size} bytes "
-        f"in batches of {options.batch}, one queue per path"
+        f"in batches of {options.batch}, one queue per path",
+        "api: JSON bodies encoded before timing (client-side encoding excluded);",
+        "     gunicorn --workers 2 (sync), one sequential stdlib HTTP client",
+        f"limit: reject_new queue with max_messages {LIMIT:,} (never reached)",
+        f"topic5: topic with {TOPIC_SUBSCRIPTIONS} matching subscriptions; msgs/s counts publishes",
     )
-    print("api: JSON bodies encoded before timing (client-side encoding excluded);")
-    print("     gunicorn --workers 2 (sync), one sequential stdlib HTTP client")
-    print()
-    print(f"limit: reject_new queue with max_messages {LIMIT:,} (never reached)")
-    print(
-        f"topic5: topic with {TOPIC_SUBSCRIPTIONS} matching subscriptions; msgs/s counts publishes"
-    )
-    print()
-    print(f"{'path':<8} {'seconds':>9} {'msgs/s':>10} {'ratio':>6} {'vs':<8} target")
+    rows = []
     for result in results:
-        baseline = BASELINES.get(result.path)
-        if baseline is None:
-            print(f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f}")
-            continue
-        ratio = result.rate / rates[baseline]
-        target = TARGETS.get(f"{result.path}_vs_{baseline}")
-        verdict = (
-            "-" if target is None else f">= {target:.2f} {'PASS' if ratio >= target else 'MISS'}"
-        )
-        print(
-            f"{result.path:<8} {result.seconds:>9.2f} {result.rate:>10.0f} {ratio:>6.2f} "
-            f"{baseline:<8} {verdict}"
-        )
-    print_figures(figures)
-
-
-def run_bench(measure: Callable[[str], None]) -> int:
-    """Run ``measure`` on a fresh bench database beside DATABASE_URL's,
-    dropped afterwards whatever happens; returns the exit status: 0 when the
-    bench ran, 1 when its figures cannot be trusted, 2 without DATABASE_URL.
-    First prints the durability profile of the bench database (``postgresql:
-    durable (fsync on, ...)``), which print_figures adds to the JSON line."""
-    source_url = os.environ.get("DATABASE_URL")
-    if not source_url:
-        log("DATABASE_URL is not set (source var/services.env)")
-        return 2
-    bench_url, maintenance_url = database_urls(source_url)
-    create_database(maintenance_url)
-    try:
-        DURABILITY.update(read_durability(bench_url))
-        print(describe_durability(DURABILITY), flush=True)
-        measure(bench_url)
-    except BenchError as error:
-        log(f"bench failed: {error}")
-        return 1
-    finally:
-        close_django()
-        drop_database(maintenance_url)
-    return 0
+        row = [result.path, f"{result.seconds:.2f}", f"{result.rate:.0f}"]
+        if (baseline := BASELINES.get(result.path)) is not None:
+            ratio = result.rate / rates[baseline]
+            target = TARGETS.get(f"{result.path}_vs_{baseline}")
+            row += [f"{ratio:.2f}", baseline, "-" if target is None else at_least(ratio, target)]
+        rows.append(row)
+    table(["path", "seconds", "msgs/s", "ratio", "vs", "target"], rows, align="<>>><<")
+    print_figures(summary(options, results))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ Run from the project root with the services env sourced::
     .venv/bin/python -m bench.replay [--messages N] [--size BYTES]
         [--partitions P] [--slice-rows R] [--orm-sample S]
 
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
 and its own redis-server (the wake-ups the replay sends go there), and removes
 both at the end. It dead-letters N messages of SIZE bytes onto
 SYSTEM.DEAD.LETTER.QUEUE (setup, not timed), then moves them back to their
@@ -36,11 +36,10 @@ from typing import Any
 
 import psycopg
 
-from bench.publish import (
+from bench.harness import (
     BenchError,
     batch_sizes,
     checkpoint,
-    copy_batch,
     log,
     make_messages,
     make_payload,
@@ -50,6 +49,7 @@ from bench.publish import (
     run_bench,
     setup_django,
 )
+from bench.loaders import copy_batch, dead_letter_queue
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGIN = "BENCH.REPLAY.ORIGIN"
@@ -78,17 +78,6 @@ SLOW_STATEMENT_SECONDS = 60.0
 # The Spark way is cancelled (and the bench fails) past this many seconds.
 SPARK_TIMEOUT_SECONDS = 1800
 
-DEAD_LETTER_SQL = """
-UPDATE broker_message AS m
-SET queue_id = %(dlq)s, attempts = 1, available_at = now(), enqueued_at = now(),
-    updated_at = now(),
-    dead_letter = jsonb_build_object(
-        'reason', 'handler_error', 'original_queue', %(origin)s::text,
-        'time', to_jsonb(now()) #>> '{}', 'put_application', m.put_application,
-        'put_user', m.put_user, 'format', m.content_type,
-        'error', 'bench: the handler raised')
-WHERE m.queue_id = %(origin_id)s
-"""
 # The machine's limit: the same copies (to the original queue, TBDL, header
 # kept, fresh counters) in one statement, without the job's ledger.
 INSERT_SELECT_SQL = """
@@ -404,7 +393,7 @@ class JobWatch(Sampler):
 def dead_letter(bench_url: str, options: Options) -> Setup:
     """N messages waiting on the system dead-letter queue, dead-lettered from
     ORIGIN with reason handler_error: published with the COPY writer, then
-    moved by one UPDATE."""
+    moved by a loader."""
     from broker.models import Queue
 
     origin = make_queue(ORIGIN, options.size)  # consumer blank: nothing delivers
@@ -414,10 +403,7 @@ def dead_letter(bench_url: str, options: Options) -> Setup:
     with psycopg.connect(bench_url, autocommit=True) as conn:
         for count in batch_sizes(options.messages, SETUP_BATCH):
             copy_batch(conn, origin.id, messages[:count])
-        with conn.transaction():
-            moved = conn.execute(
-                DEAD_LETTER_SQL, {"dlq": dlq_id, "origin": ORIGIN, "origin_id": origin.id}
-            ).rowcount
+        moved = dead_letter_queue(conn, dlq_id=dlq_id, origin=ORIGIN, origin_id=origin.id)
     if moved != options.messages:
         raise BenchError(f"setup: dead-lettered {moved} of {options.messages} messages")
     log(f"setup: {moved} messages on {DLQ} in {time.perf_counter() - started:.1f}s")

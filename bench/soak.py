@@ -7,7 +7,7 @@ Run from the project root with the services env sourced::
         [--recovery-minutes C] [--drain-messages N] [--no-drain-while-publishing]
         [--size BYTES]
 
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/publish.py)
+The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
 and its own redis-server, and removes both at the end. Unless --rate is
 given it first measures the drain rate, twice, with real Celery workers (2
 delivery processes, batch size 100, consumer ``noop``): idle, N pre-published
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from bench import deliver
-from bench.publish import (
+from bench.harness import (
     DURABILITY,
     ROOT,
     BenchError,
@@ -64,6 +64,7 @@ from bench.publish import (
     run_bench,
     setup_django,
 )
+from bench.loaders import queue_empty
 
 if TYPE_CHECKING:
     from broker.models import Queue
@@ -881,8 +882,7 @@ def measure_drain(bench: deliver.Bench, count: int) -> Drain:
     deliver.verify_delivered(queue, count, "drain")
     drain = Drain(count, seconds, first_claim)
     log(f"drain: {drain.rate:.0f} msgs/s")
-    with psycopg.connect(bench.bench_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
+    queue_empty(bench.bench_url, queue.id)
     return drain
 
 
@@ -923,7 +923,7 @@ def measure_loaded_drain(bench: deliver.Bench, offered: float) -> float:
             publisher.join()
         check()
         wait_drained(conn, queue.id, publisher.count(), check)
-        conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
+    queue_empty(bench.bench_url, queue.id)
     rate = (after - before) / (ended - began)
     log(f"drain while publishing: {rate:.0f} msgs/s acknowledged")
     return rate

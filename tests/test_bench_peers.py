@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from bench import peers
+from bench.harness import BenchError
 from bench.peers import DatabaseWork, Result
-from bench.publish import BenchError
 from tests.harness import database_url_for_workers
 
 

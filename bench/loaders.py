@@ -1,0 +1,144 @@
+"""Fixture loads that write message rows directly, bypassing the services.
+
+A bench times one path; what it needs in place beforehand (a million
+messages in every state, a dead-letter queue ten days deep) would take the
+services longer than the measurement, and going through them is not what is
+measured. Each loader here says what it writes and why the service may be
+skipped there. Nothing outside bench/ writes rows this way: the console and
+the workers change a message's state only through broker.services.transitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+if TYPE_CHECKING:
+    from broker.services.publish import NewMessage
+
+PUT_USER = "bench"
+PUT_APPLICATION = "bench"
+
+DELIVERED_SQL = """
+UPDATE broker_message
+SET state = 'DLVD', attempts = 1, created_at = now() - make_interval(days => %(days)s),
+    available_at = now() - make_interval(days => %(days)s),
+    enqueued_at = now() - make_interval(days => %(days)s),
+    updated_at = now() - make_interval(days => %(days)s) + interval '1 second'
+WHERE queue_id = %(queue)s
+RETURNING id
+"""
+DEAD_LETTERED_SQL = """
+UPDATE broker_message AS m
+SET queue_id = (SELECT id FROM broker_queue WHERE name = %(dlq)s),
+    dead_letter = jsonb_build_object('reason', r.reason, 'original_queue', %(origin)s),
+    updated_at = now() - interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS r(id, reason)
+WHERE m.id = r.id
+"""
+HANDLER_ERROR_SQL = """
+UPDATE broker_message AS m
+SET queue_id = %(dlq)s, attempts = 1, available_at = now(), enqueued_at = now(),
+    updated_at = now(),
+    dead_letter = jsonb_build_object(
+        'reason', 'handler_error', 'original_queue', %(origin)s::text,
+        'time', to_jsonb(now()) #>> '{}', 'put_application', m.put_application,
+        'put_user', m.put_user, 'format', m.content_type,
+        'error', 'bench: the handler raised')
+WHERE m.queue_id = %(origin_id)s
+"""
+DLNG_LEASE = ", lease_owner = 'bench:1:1', lease_deadline = now() + interval '1 day'"
+
+
+def copy_batch(
+    conn: psycopg.Connection[Any], queue_id: int, messages: Sequence[NewMessage]
+) -> None:
+    """Writes ``messages`` TBDL on the queue in one transaction with the
+    publish service's own COPY writer, on a bare psycopg connection: no
+    queue lookup, validation or Django. The rows and their depth counters
+    are the service's; what is skipped is checked once per queue by the
+    bench, not per message."""
+    from broker.services.publish import copy_messages
+
+    with conn.transaction(), conn.cursor() as cursor:
+        copy_messages(
+            cursor,
+            queue_id=queue_id,
+            messages=messages,
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
+
+
+def age_delivered(conn: psycopg.Connection[Any], queue_id: int, days: int) -> list[int]:
+    """Marks every message of the queue DLVD, published and delivered
+    ``days`` days ago; returns their ids, sorted. The archive bench needs
+    messages past their retention, which no service makes: delivering takes
+    a consumer and a worker, and no service can move a clock back."""
+    with conn.transaction():
+        rows = conn.execute(DELIVERED_SQL, {"days": days, "queue": queue_id}).fetchall()
+    return sorted(message_id for (message_id,) in rows)
+
+
+def spread_states(states: Sequence[tuple[str, int]]) -> None:
+    """Sets the state of every message by its id modulo 100 (``("DLVD", 60)``:
+    60 of every 100, DLNG ones leased for a day), makes one NDLV in 1,000 a
+    format error, then VACUUM ANALYZEs the table. The console bench reads a
+    big table in every state; walking a million messages through the
+    transitions would take longer than the bench and change nothing it reads."""
+    from django.db import connection
+
+    low = 0
+    with connection.cursor() as cursor:
+        for state, share in states:
+            high = low + share
+            if state != "TBDL":
+                extra = DLNG_LEASE if state == "DLNG" else ""
+                cursor.execute(
+                    f"UPDATE broker_message SET state = %s{extra} "
+                    "WHERE id %% 100 >= %s AND id %% 100 < %s",
+                    [state, low, high],
+                )
+            low = high
+        cursor.execute(
+            'UPDATE broker_message SET dead_letter = \'{"reason": "format_error"}\'::jsonb '
+            "WHERE state = 'NDLV' AND id % 1000 = 7"
+        )
+        cursor.execute("VACUUM ANALYZE broker_message")
+
+
+def move_to_dead_letters(*, ids: list[int], reasons: list[str], origin: str, dlq: str) -> None:
+    """Moves the messages ``ids`` onto the queue ``dlq`` as dead letters from
+    ``origin``, each with its reason, as dead-lettering leaves them, in one
+    statement. The dlq bench measures the handler over the dead letters, not
+    the deliveries that would have failed to make them."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            DEAD_LETTERED_SQL, {"dlq": dlq, "origin": origin, "ids": ids, "reasons": reasons}
+        )
+
+
+def dead_letter_queue(
+    conn: psycopg.Connection[Any], *, dlq_id: int, origin: str, origin_id: int
+) -> int:
+    """Moves every message of the queue ``origin`` onto the dead-letter queue
+    with reason handler_error and the header a failed delivery writes, in one
+    transaction; returns how many moved. The replay bench measures the way
+    back, from a million dead letters that deliveries would take an hour to
+    make."""
+    with conn.transaction():
+        params = {"dlq": dlq_id, "origin": origin, "origin_id": origin_id}
+        return conn.execute(HANDLER_ERROR_SQL, params).rowcount
+
+
+def queue_empty(url: str, queue_id: int) -> None:
+    """Deletes every message of the queue. Between the soak's phases the
+    delivered messages of a measuring queue go, so that the next phase starts
+    from the same table; purging through the service would also take the
+    queue's lock and log an audit row the soak does not measure."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue_id])
