@@ -18,7 +18,6 @@ figures; logs go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import os
 import sys
@@ -38,6 +37,7 @@ from bench.harness import (
     checkpoint,
     log,
     make_queue,
+    parser,
     positive_int,
     print_figures,
     run_bench,
@@ -110,22 +110,14 @@ class Figures:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=200_000, help="messages due")
-    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
-    parser.add_argument(
+    options = parser(__doc__, messages=200_000, messages_help="messages due", size=True)
+    options.add_argument(
         "--chunk-rows", type=positive_int, help="LAZARETTO_ARCHIVE_CHUNK_ROWS for the driver"
     )
-    parser.add_argument(
+    options.add_argument(
         "--partitions", type=positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
     )
-    args = parser.parse_args(argv)
-    return Options(
-        messages=args.messages,
-        size=args.size,
-        chunk_rows=args.chunk_rows,
-        partitions=args.partitions,
-    )
+    return Options(**vars(options.parse_args(argv)))
 
 
 # --- setup --------------------------------------------------------------------------

@@ -25,7 +25,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.harness import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.harness import (
+    BenchError,
+    log,
+    parser,
+    positive_int,
+    print_figures,
+    run_bench,
+    setup_django,
+)
 from bench.loaders import spread_states
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
@@ -37,10 +45,9 @@ STATES = [("DLVD", 60), ("TBDL", 20), ("NDLV", 10), ("FAIL", 5), ("DLNG", 5)]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=1_000_000)
-    parser.add_argument("--repeat", type=positive_int, default=20)
-    return parser.parse_args(argv)
+    options = parser(__doc__, messages=1_000_000)
+    options.add_argument("--repeat", type=positive_int, default=20)
+    return options.parse_args(argv)
 
 
 def seed(total: int) -> None:

@@ -48,6 +48,7 @@ from bench.harness import (
     checkpoint,
     log,
     make_payload,
+    parser,
     positive_int,
     print_figures,
     run_bench,
@@ -226,29 +227,21 @@ class IsolationResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=100_000, help="per path")
-    parser.add_argument("--batches", type=batch_list, default=(1, 10, 100), help="e.g. 1,10,100")
-    parser.add_argument("--concurrency", type=positive_int, default=2, help="delivery processes")
-    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
-    parser.add_argument(
+    options = parser(__doc__, messages=100_000, messages_help="per path", size=True)
+    options.add_argument("--batches", type=batch_list, default=(1, 10, 100), help="e.g. 1,10,100")
+    options.add_argument("--concurrency", type=positive_int, default=2, help="delivery processes")
+    options.add_argument(
         "--batch1-messages", type=positive_int, help="messages at batch size 1 (default N)"
     )
-    parser.add_argument(
+    options.add_argument(
         "--isolation",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="time poison isolation at batch 10 and 100 (default: on)",
     )
-    args = parser.parse_args(argv)
-    return Options(
-        messages=args.messages,
-        batches=args.batches,
-        concurrency=args.concurrency,
-        size=args.size,
-        batch1_messages=args.batch1_messages or args.messages,
-        isolation=args.isolation,
-    )
+    args = options.parse_args(argv)
+    args.batch1_messages = args.batch1_messages or args.messages
+    return Options(**vars(args))
 
 
 # --- helpers --------------------------------------------------------------------

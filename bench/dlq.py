@@ -14,14 +14,20 @@ The last line printed is one JSON object with the figures.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.harness import BenchError, log, positive_int, print_figures, run_bench, setup_django
+from bench.harness import (
+    BenchError,
+    log,
+    parser,
+    print_figures,
+    run_bench,
+    setup_django,
+)
 from bench.loaders import move_to_dead_letters
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -45,9 +51,7 @@ TABLE = "\n".join(
 
 
 def parse_args(argv: Sequence[str] | None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=100_000)
-    return int(parser.parse_args(argv).messages)
+    return int(parser(__doc__, messages=100_000).parse_args(argv).messages)
 
 
 def dead_letter(total: int) -> None:

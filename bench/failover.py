@@ -28,7 +28,6 @@ to stderr.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import itertools
@@ -48,6 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from bench import harness
 from bench.harness import (
     BenchError,
     log,
@@ -142,7 +142,7 @@ class Options:
 def parse_args(argv: Sequence[str] | None) -> Options:
     from rig.ha import INTERVAL, TIMEOUT
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = harness.parser(__doc__)
     parser.add_argument("--runs", type=positive_int, default=RUNS, help="failovers")
     parser.add_argument(
         "--timeout",

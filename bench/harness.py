@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import platform
 import sys
@@ -64,9 +65,12 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
     return value
 
 

@@ -75,6 +75,7 @@ from bench.harness import (
     run_bench,
     setup_django,
 )
+from bench.harness import parser as harness_parser
 
 if TYPE_CHECKING:
     from rig.processes import RedisServer
@@ -281,10 +282,7 @@ def system_list(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--messages", type=positive_int, default=100_000, help="per run (default 100000)"
-    )
+    parser = harness_parser(__doc__, messages=100_000, messages_help="per run (default 100000)")
     parser.add_argument("--batches", type=batch_list, default=(100, 10, 1), help="default 100,10,1")
     parser.add_argument(
         "--systems",

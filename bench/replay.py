@@ -20,7 +20,6 @@ printed is one JSON object with the figures; logs go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from bench.harness import (
     make_messages,
     make_payload,
     make_queue,
+    parser,
     positive_int,
     print_figures,
     run_bench,
@@ -177,36 +177,28 @@ class SparkTimes:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=positive_int, default=1_000_000, help="dead letters")
-    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
-    parser.add_argument(
+    options = parser(__doc__, messages=1_000_000, messages_help="dead letters", size=True)
+    options.add_argument(
         "--partitions", type=positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
     )
-    parser.add_argument(
+    options.add_argument(
         "--slice-rows", type=positive_int, help="LAZARETTO_REPLAY_SLICE_ROWS for the driver"
     )
-    parser.add_argument(
+    options.add_argument(
         "--spark-timeout",
         type=positive_int,
         default=SPARK_TIMEOUT_SECONDS,
         help=f"cancel the replay job and fail past this many seconds (default {SPARK_TIMEOUT_SECONDS})",
     )
-    parser.add_argument(
+    options.add_argument(
         "--orm-sample",
         type=positive_int,
         default=ORM_SAMPLE,
         help=f"messages the ORM loop moves (default {ORM_SAMPLE}, at most N)",
     )
-    args = parser.parse_args(argv)
-    return Options(
-        messages=args.messages,
-        size=args.size,
-        partitions=args.partitions,
-        slice_rows=args.slice_rows,
-        orm_sample=min(args.orm_sample, args.messages),
-        spark_timeout=args.spark_timeout,
-    )
+    args = options.parse_args(argv)
+    args.orm_sample = min(args.orm_sample, args.messages)
+    return Options(**vars(args))
 
 
 # --- the Spark driver's environment --------------------------------------------------

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from bench import deliver
+from bench import deliver, harness
 from bench.harness import (
     DURABILITY,
     ROOT,
@@ -59,6 +59,7 @@ from bench.harness import (
     checkpoint,
     log,
     make_payload,
+    positive_float,
     positive_int,
     print_figures,
     run_bench,
@@ -170,18 +171,8 @@ class Options:
     drain_while_publishing: bool = True
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = harness.parser(__doc__)
     parser.add_argument(
         "--minutes", type=positive_float, default=10.0, help="steady phase (default 10)"
     )
@@ -229,15 +220,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             f"({least_recovery:g} s: the p99 is checked in the window that starts "
             f"{RECOVERY_CHECK_SECONDS:g} s after the idle transaction ends)"
         )
-    return Options(
-        minutes=args.minutes,
-        rate=args.rate,
-        idle_minutes=args.idle_minutes,
-        recovery_minutes=args.recovery_minutes,
-        drain_messages=args.drain_messages,
-        size=args.size,
-        drain_while_publishing=args.drain_while_publishing,
-    )
+    return Options(**vars(args))
 
 
 # --- the plan: phases cut into windows ----------------------------------------------
