@@ -1,8 +1,9 @@
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from console.api.errors import unknown_path
 from console.views import (
     archive,
     audit,
@@ -103,6 +104,8 @@ urlpatterns = [
         login_required(SpectacularSwaggerView.as_view(url_name="api-schema")),
         name="api-docs",
     ),
+    # Last: whatever else is under /api/ answers the API's JSON 404.
+    re_path(r"^api/", unknown_path, name="api-unknown-path"),
 ]
 
 handler400 = "console.views.common.bad_request"

@@ -8,9 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+)
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -153,3 +162,19 @@ def not_found_json(request: HttpRequest, exception: Exception | None = None) -> 
     return JsonResponse(
         error_body("not_found", f"Nothing is at {request.path}."), status=status.HTTP_404_NOT_FOUND
     )
+
+
+@csrf_exempt  # it changes nothing: a POST there is a 404, not a CSRF refusal
+def unknown_path(request: HttpRequest) -> HttpResponse:
+    """Every path under /api/ that names nothing (the last URL pattern): the
+    JSON 404 whatever DEBUG says (Django's debug 404 page is HTML), or, as
+    APPEND_SLASH does, a redirect to the same path with its slash when that
+    names something."""
+    if settings.APPEND_SLASH and not request.path.endswith("/"):
+        try:
+            match = resolve(request.path_info + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not unknown_path:
+            return HttpResponsePermanentRedirect(request.get_full_path(force_append_slash=True))
+    return not_found_json(request)
