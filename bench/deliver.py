@@ -43,6 +43,7 @@ import psycopg
 
 from bench.harness import (
     BenchError,
+    at_least,
     batch_list,
     batch_sizes,
     checkpoint,
@@ -53,6 +54,9 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    table,
+    title,
+    verdict,
     wait_for,
 )
 
@@ -778,8 +782,7 @@ def run_all(options: Options, bench_url: str) -> Figures:
 def ratio_verdict(result: BatchResult) -> str:
     if result.batch != TARGET_RATIO_BATCH:
         return "-"
-    target = TARGETS["ratio_at_100"]
-    return f">= {target:.2f} {'PASS' if result.ratio >= target else 'MISS'}"
+    return at_least(result.ratio, TARGETS["ratio_at_100"])
 
 
 def isolation_summary(isolation: list[IsolationResult]) -> dict[str, Any]:
@@ -849,32 +852,39 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
 
 
 def print_table(options: Options, results: list[BatchResult]) -> None:
-    print(
+    scaled = 1 in options.batches and options.batch1_messages != options.messages
+    title(
         f"deliver bench: {options.size}-byte payloads, consumer noop, Celery deliveries worker "
-        f"--concurrency {options.concurrency} (DEBUG off), a fresh queue per path and batch size"
+        f"--concurrency {options.concurrency} (DEBUG off), a fresh queue per path and batch size",
+        "bare:   the service's CLAIM_SQL then ACK_SQL, two commits per batch, one psycopg conn",
+        "celery: queue published paused; unpaused once the workers and beat are ready; clock",
+        "        from the first claim (TBDL counter drops) to DLVD = N, counters polled",
+        *(
+            [
+                f"batch 1 runs {options.batch1_messages} messages, not {options.messages} (--batch1-messages)"
+            ]
+            if scaled
+            else []
+        ),
     )
-    print("bare:   the service's CLAIM_SQL then ACK_SQL, two commits per batch, one psycopg conn")
-    print("celery: queue published paused; unpaused once the workers and beat are ready; clock")
-    print("        from the first claim (TBDL counter drops) to DLVD = N, counters polled")
-    if 1 in options.batches and options.batch1_messages != options.messages:
-        print(
-            f"batch 1 runs {options.batch1_messages} messages, not {options.messages} "
-            "(--batch1-messages)"
-        )
-    print()
-    header = f"{'batch':>5} {'messages':>9} {'bare msg/s':>11} {'celery msg/s':>13} {'ratio':>6}"
-    print(f"{header}  target (celery/bare)")
-    for result in results:
-        print(
-            f"{result.batch:>5} {result.messages:>9} {result.bare_rate:>11.0f} "
-            f"{result.celery_rate:>13.0f} {result.ratio:>6.2f}  {ratio_verdict(result)}"
-        )
+    rows = [
+        [
+            r.batch,
+            r.messages,
+            f"{r.bare_rate:.0f}",
+            f"{r.celery_rate:.0f}",
+            f"{r.ratio:.2f}",
+            ratio_verdict(r),
+        ]
+        for r in results
+    ]
+    header = ["batch", "messages", "bare msg/s", "celery msg/s", "ratio", "target (celery/bare)"]
+    table(header, rows, align=">>>>><")
 
 
 def print_kill(kill: KillResult) -> None:
-    target = TARGETS["kill_to_tbdl_s"]
-    verdict = "PASS" if kill.max < target else "MISS"
     runs = ", ".join(f"{run:.3f}" for run in kill.runs)
+    target = TARGETS["kill_to_tbdl_s"]
     print()
     print(
         f"kill-to-TBDL: consumer demo, batch {KILL_BATCH}, {KILL_SLEEP_SECONDS} s per message, "
@@ -883,7 +893,7 @@ def print_kill(kill: KillResult) -> None:
     )
     print(
         f"  median {kill.median:.3f} s, max {kill.max:.3f} s (runs {runs})  "
-        f"target max < {target:g} s {verdict}"
+        f"target max < {target:g} s {verdict(kill.max < target)}"
     )
 
 
@@ -891,22 +901,25 @@ def print_isolation(options: Options, isolation: list[IsolationResult]) -> None:
     if not isolation:
         return
     print()
-    print(
+    title(
         f"poison isolation: consumer demo, one batch holding the poison (CRASH), queue "
         f"defaults (crash threshold 2, poison limit 5, suspect delay 1 s), sweep and "
         f"dispatch every {ISOLATION_ENV['LAZARETTO_SWEEP_INTERVAL_SECONDS']} s, "
         f"--concurrency {options.concurrency}"
     )
-    print(
-        f"{'batch':>5} {'poisons':>7} {'to last innocent DLVD':>22} {'to poison NDLV':>15}  bound"
-    )
-    for result in isolation:
-        verdict = "PASS" if result.within_bound else "MISS"
-        print(
-            f"{result.case.batch:>5} {result.case.poisons:>7} {result.seconds:>20.3f} s "
-            f"{result.poison_seconds:>13.3f} s  <= {ISOLATION_BOUND_SECONDS:g} s "
-            f"(BlazingMQ) {verdict}"
-        )
+    bound = f"<= {ISOLATION_BOUND_SECONDS:g} s (BlazingMQ)"
+    rows = [
+        [
+            r.case.batch,
+            r.case.poisons,
+            f"{r.seconds:.3f} s",
+            f"{r.poison_seconds:.3f} s",
+            f"{bound} {verdict(r.within_bound)}",
+        ]
+        for r in isolation
+    ]
+    header = ["batch", "poisons", "to last innocent DLVD", "to poison NDLV", "bound"]
+    table(header, rows, align=">>>><")
 
 
 def print_report(options: Options, figures: Figures, seconds: float) -> None:

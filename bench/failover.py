@@ -56,6 +56,9 @@ from bench.harness import (
     print_figures,
     read_durability,
     record_environment,
+    table,
+    title,
+    verdict,
     wait_for,
 )
 
@@ -855,21 +858,19 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
 
 def print_report(options: Options, figures: Figures, seconds: float) -> None:
     runs, loss = figures.runs, figures.loss
-    print(
+    title(
         f"failover bench: {options.runs} run{'s' if options.runs > 1 else ''}, "
         f"heartbeat every {options.interval:g} s, "
         f"timeout {options.timeout:g} s (HA_HEARTBEAT_INTERVAL / HA_HEARTBEAT_TIMEOUT); "
-        f"fault {options.fault}: {FAULTS[options.fault]}; the old primary then rejoins"
+        f"fault {options.fault}: {FAULTS[options.fault]}; the old primary then rejoins",
+        "one API client publishing one message per request; Celery workers, consumer demo",
     )
-    print("one API client publishing one message per request; Celery workers, consumer demo")
-    print()
-    print(f"{'figure':<22} {'min':>7} {'median':>7} {'max':>7}  what")
+    rows = []
     for key, attr, what in FIGURES:
         values = [getattr(run, attr) for run in runs]
-        print(
-            f"{key:<22} {min(values):>7.3f} {statistics.median(values):>7.3f} "
-            f"{max(values):>7.3f}  {what}"
-        )
+        spread = (min(values), statistics.median(values), max(values))
+        rows.append([key, *(f"{value:.3f}" for value in spread), what])
+    table(["figure", "min", "median", "max", "what"], rows, align="<>>><")
     print()
     for run in runs:
         print(
@@ -880,11 +881,17 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
         )
     print()
     failover_max = max(run.failover for run in runs)
-    verdict = "PASS" if failover_max <= options.target else "MISS"
     print(
         f"failover max {failover_max:.3f} s  target <= {options.target:g} s "
-        f"(heartbeat timeout {options.timeout:g} s + {TARGET_MARGIN_SECONDS:g} s) {verdict}"
+        f"(heartbeat timeout {options.timeout:g} s + {TARGET_MARGIN_SECONDS:g} s) "
+        f"{verdict(failover_max <= options.target)}"
     )
+    print_loss(loss, figures)
+    print(f"total {seconds:.0f} s (set-up {figures.setup_seconds:.0f} s)")
+    print_figures(summary(options, figures, seconds))
+
+
+def print_loss(loss: Loss, figures: Figures) -> None:
     print(
         f"publishes: {loss.acknowledged} acknowledged (201), {loss.found} found in "
         f"{loss.final_primary}'s store, {len(loss.lost)} lost  target lost == 0 "
@@ -899,8 +906,6 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
     print(f"  the demo consumer was called {figures.deliveries} times")
     for line, count in figures.web_errors.items():
         print(f"  web log, {count}x: {line}")
-    print(f"total {seconds:.0f} s (set-up {figures.setup_seconds:.0f} s)")
-    print_figures(summary(options, figures, seconds))
 
 
 # --- driver -----------------------------------------------------------------------------

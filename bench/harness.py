@@ -308,7 +308,7 @@ def table(
             cell.ljust(widths[n]) if align[n] == "<" else cell.rjust(widths[n])
             for n, cell in enumerate(row)
         ]
-        print(indent + " ".join(line).rstrip())
+        print(indent + "  ".join(line).rstrip())
 
 
 def verdict(passed: bool) -> str:

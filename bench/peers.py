@@ -74,6 +74,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    table,
 )
 from bench.harness import parser as harness_parser
 
@@ -1096,39 +1097,42 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
     )
     for name in options.systems:
         print(f"  {name:<14} {SYSTEMS[name].label}")
-    notes = []
-    batch1 = any(SYSTEMS[name].batched for name in options.systems) and 1 in options.batches
-    if batch1 and options.batch1_messages != options.messages:
-        notes.append(f"batch 1 drains {options.batch1_messages} (--batch1-messages)")
-    if "procrastinate" in options.systems and options.procrastinate_messages != options.messages:
-        notes.append(
-            f"procrastinate drains {options.procrastinate_messages} (--procrastinate-messages)"
+    batched = any(SYSTEMS[name].batched for name in options.systems) and 1 in options.batches
+    notes = [
+        f"{what} drains {count} (--{what.replace(' ', '')}-messages)"
+        for what, count, applies in (
+            ("batch 1", options.batch1_messages, batched),
+            ("procrastinate", options.procrastinate_messages, "procrastinate" in options.systems),
+            ("celery-redis", options.celery_redis_messages, "celery-redis" in options.systems),
         )
-    if "celery-redis" in options.systems and options.celery_redis_messages != options.messages:
-        notes.append(
-            f"celery-redis drains {options.celery_redis_messages} (--celery-redis-messages)"
-        )
+        if applies and count != options.messages
+    ]
     if notes:
         print(f"messages: {options.messages} per run, but " + "; ".join(notes))
     print()
-    print(
-        f"{'system':<14} {'batch':>5} {'messages':>9} {'seconds':>8} {'msgs/s':>9} "
-        f"{'x tps':>6} {'vs lazaretto':>12} {'peak RSS MB':>11} {'WAL B/msg':>9} "
-        f"{'DB CPU us/msg':>13}"
-    )
-    for result in results:
-        ratio = ratio_to_lazaretto(result, results)
-        batch = "-" if result.batch is None else str(result.batch)
-        versus = "-" if ratio is None else f"{ratio:.2f}"
-        if ratio is not None and result.batch is None:
-            versus += f" (@{REFERENCE_BATCH})"
-        wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
-        print(
-            f"{result.system:<14} {batch:>5} {result.messages:>9} {result.seconds:>8.2f} "
-            f"{result.rate:>9.0f} {result.rate / tps:>6.2f} {versus:>12} "
-            f"{result.peak_rss_kb / 1024:>11.1f} {'-' if wal is None else f'{wal:.0f}':>9} "
-            f"{'-' if cpu is None else f'{cpu:.1f}':>13}"
-        )
+    header = ["system", "batch", "messages", "seconds", "msgs/s", "x tps", "vs lazaretto"]
+    header += ["peak RSS MB", "WAL B/msg", "DB CPU us/msg"]
+    table(header, [result_cells(result, results, tps) for result in results])
+
+
+def result_cells(result: Result, results: Sequence[Result], tps: float) -> list[str]:
+    ratio = ratio_to_lazaretto(result, results)
+    versus = "-" if ratio is None else f"{ratio:.2f}"
+    if ratio is not None and result.batch is None:
+        versus += f" (@{REFERENCE_BATCH})"
+    wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
+    return [
+        result.system,
+        "-" if result.batch is None else str(result.batch),
+        str(result.messages),
+        f"{result.seconds:.2f}",
+        f"{result.rate:.0f}",
+        f"{result.rate / tps:.2f}",
+        versus,
+        f"{result.peak_rss_kb / 1024:.1f}",
+        "-" if wal is None else f"{wal:.0f}",
+        "-" if cpu is None else f"{cpu:.1f}",
+    ]
 
 
 def print_targets(results: Sequence[Result]) -> None:

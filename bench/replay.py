@@ -48,6 +48,8 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    table,
+    title,
 )
 from bench.loaders import copy_batch, dead_letter_queue
 
@@ -648,54 +650,59 @@ def summary(options: Options, figures: Figures) -> dict[str, Any]:
 
 def print_report(options: Options, figures: Figures) -> None:
     assert figures.spark is not None
-    results, spark = figures.results, figures.spark
-    found = ratios(figures)
-    judged = verdicts(options, figures)
-    config = figures.config
-    print(
+    results, spark, config = figures.results, figures.spark, figures.config
+    title(
         f"replay bench: {options.messages} dead-lettered messages of {options.size} bytes on "
-        f"{DLQ}, back to {ORIGIN}"
-    )
-    print(
+        f"{DLQ}, back to {ORIGIN}",
         f"spark: {config['master']}, {config['partitions']} JDBC partitions, slices of "
         f"{config['slice_rows']} rows, fetch {config['fetch_rows']}, "
-        f"write batches {config['write_batch_rows']}"
-    )
-    print("insert_select: one INSERT ... SELECT, one transaction, no ledger (the machine's limit)")
-    print(
+        f"write batches {config['write_batch_rows']}",
+        "insert_select: one INSERT ... SELECT, one transaction, no ledger (the machine's limit)",
         f"orm: Message.objects.create per message, one transaction each, on a sample of "
-        f"{options.orm_sample}"
+        f"{options.orm_sample}",
     )
-    print()
-    print(f"{'way':<14} {'messages':>9} {'seconds':>9} {'msgs/s':>10}")
-    for name in ("insert_select", "spark", "orm"):
-        result = results[name]
-        print(f"{name:<14} {result.messages:>9} {result.seconds:>9.2f} {result.rate:>10.0f}")
-    phase_rate = options.messages / spark.phase
+    rows = [
+        [name, r.messages, f"{r.seconds:.2f}", f"{r.rate:.0f}"]
+        for name, r in ((name, results[name]) for name in ("insert_select", "spark", "orm"))
+    ]
+    table(["way", "messages", "seconds", "msgs/s"], rows)
     exact = "" if spark.ready_exact else " (seen by polling, not stamped)"
     print(
         f"  spark start-up {spark.ready:>6.2f} s  launch to Spark session up{exact}: "
         f"driver took the job at {spark.driver_started:.2f} s"
     )
     print(
-        f"  spark phase    {spark.phase:>6.2f} s  {phase_rate:>10.0f} msgs/s  read, route, stage, "
-        f"write; includes {spark.total - spark.finished:.2f} s of driver exit after the job ended"
+        f"  spark phase    {spark.phase:>6.2f} s  {options.messages / spark.phase:>10.0f} msgs/s  "
+        f"read, route, stage, write; includes {spark.total - spark.finished:.2f} s of driver "
+        "exit after the job ended"
     )
     print()
-    print(f"{'ratio':<30} {'value':>7}  target")
-    for name in ("spark_phase_vs_insert_select", "spark_vs_orm"):
-        print(f"{name:<30} {found[name]:>7.2f}  >= {TARGETS[name]:g} {judged[name]}")
-    print(
-        f"{'spark_total_seconds':<30} {spark.total:>7.2f}  <= {TARGETS['spark_total_seconds']:g} "
-        f"{judged['spark_total_seconds']}"
-    )
-    print()
+    print_targets(options, figures)
     print(
         f"context: SQS's dead-letter redrive tops out at {SQS_REDRIVE_MSGS_PER_S} msgs/s; "
         f"spark moved {results['spark'].rate:.0f} msgs/s "
         f"({results['spark'].rate / SQS_REDRIVE_MSGS_PER_S:.0f}x)"
     )
     print_figures(summary(options, figures))
+
+
+def print_targets(options: Options, figures: Figures) -> None:
+    assert figures.spark is not None
+    found, judged = ratios(figures), verdicts(options, figures)
+    rows = [
+        [name, f"{found[name]:.2f}", f">= {TARGETS[name]:g} {judged[name]}"]
+        for name in ("spark_phase_vs_insert_select", "spark_vs_orm")
+    ]
+    total = TARGETS["spark_total_seconds"]
+    rows.append(
+        [
+            "spark_total_seconds",
+            f"{figures.spark.total:.2f}",
+            f"<= {total:g} {judged['spark_total_seconds']}",
+        ]
+    )
+    table(["ratio", "value", "target"], rows, align="<><")
+    print()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,6 +64,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    table,
 )
 from bench.loaders import queue_empty
 
@@ -1426,22 +1427,23 @@ def print_rate(run: Run) -> None:
 def print_phases(run: Run) -> None:
     """A row per phase: rates, latency percentiles, the most dead tuples
     and backlog, and the table's size at its end."""
-    print(
-        f"{'phase':<9} {'pub/s':>7} {'acked/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-        f"{'max dead':>10} {'max backlog':>12} {'MB at end':>10}"
-    )
+    rows = []
     for phase in PHASES:
-        rows = phase_samples(run.samples, phase)
-        if not rows:
-            continue
-        lat = latency_ms(phase_latencies(run, phase))
-        print(
-            f"{phase:<9} {rate_over(rows, 'published_per_s') or 0:>7.0f} "
-            f"{rate_over(rows, 'acked_per_s') or 0:>8.0f} {_ms(lat['p50_ms'])} "
-            f"{_ms(lat['p95_ms'])} {_ms(lat['p99_ms'])} "
-            f"{max(row.dead_tuples for row in rows):>10d} "
-            f"{max(row.backlog for row in rows):>12d} {rows[-1].table_bytes / 1e6:>10.1f}"
-        )
+        if samples := phase_samples(run.samples, phase):
+            lat = latency_ms(phase_latencies(run, phase))
+            rows.append(
+                [
+                    phase,
+                    f"{rate_over(samples, 'published_per_s') or 0:.0f}",
+                    f"{rate_over(samples, 'acked_per_s') or 0:.0f}",
+                    *(_ms(lat[key]) for key in ("p50_ms", "p95_ms", "p99_ms")),
+                    max(sample.dead_tuples for sample in samples),
+                    max(sample.backlog for sample in samples),
+                    f"{samples[-1].table_bytes / 1e6:.1f}",
+                ]
+            )
+    header = ["phase", "pub/s", "acked/s", "p50 ms", "p95 ms", "p99 ms", "max dead"]
+    table([*header, "max backlog", "MB at end"], rows)
 
 
 def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | None]) -> None:
@@ -1464,17 +1466,17 @@ def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | No
         f"{figures['dead_tuples_second_half_max']})"
     )
     print(
-        f"recovery: steady p99 {_ms(steady_latency['p99_ms']).strip()} ms; p99 of the window "
+        f"recovery: steady p99 {_ms(steady_latency['p99_ms'])} ms; p99 of the window "
         f"{RECOVERY_CHECK_SECONDS:g} s after the idle transaction ended "
-        f"{_ms(figures['recovery_check_p99_ms']).strip()} ms  target <= "
-        f"{TARGETS['recovery_p99_vs_steady']:g}x steady ({_ms(figures['recovery_bound_ms']).strip()} ms) "
+        f"{_ms(figures['recovery_check_p99_ms'])} ms  target <= "
+        f"{TARGETS['recovery_p99_vs_steady']:g}x steady ({_ms(figures['recovery_bound_ms'])} ms) "
         f"{verdicts['recovery_p99']}"
     )
     recovered = figures["recovered_after_s"]
     print(
         "  every later window within the bound from "
         + ("never" if recovered is None else f"{recovered:.0f} s after it ended")
-        + f"; idle transaction's worst p99 {_ms(figures['idle_max_p99_ms']).strip()} ms"
+        + f"; idle transaction's worst p99 {_ms(figures['idle_max_p99_ms'])} ms"
     )
     if not figures["steady_kept_up"]:
         print(
@@ -1485,22 +1487,21 @@ def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | No
 
 
 def print_relations(relations: dict[str, dict[str, Any]]) -> None:
-    print(
-        f"{'relation':<28} "
-        + " ".join(f"{'max dead ' + phase:>18}" for phase in PHASES)
-        + f" {'MB at end':>10} {'autovacuums':>12}"
-    )
-    for name, rel in relations.items():
-        dead = rel["max_dead_tuples"]
-        print(
-            f"{name:<28} "
-            + " ".join(f"{dead.get(phase, 0):>18d}" for phase in PHASES)
-            + f" {rel['bytes_end'] / 1e6:>10.1f} {rel['autovacuums']:>12d}"
-        )
+    header = ["relation", *(f"max dead {phase}" for phase in PHASES), "MB at end", "autovacuums"]
+    rows = [
+        [
+            name,
+            *(rel["max_dead_tuples"].get(phase, 0) for phase in PHASES),
+            f"{rel['bytes_end'] / 1e6:.1f}",
+            rel["autovacuums"],
+        ]
+        for name, rel in relations.items()
+    ]
+    table(header, rows)
 
 
 def _ms(value: float | None) -> str:
-    return f"{'-':>8}" if value is None else f"{value:>8.1f}"
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
