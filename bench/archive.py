@@ -1,19 +1,10 @@
 """Archive throughput: delivered messages past their retention moved from
 PostgreSQL to Parquet by the archive's Spark job, in rows per second.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.archive [--messages N] [--size BYTES]
-        [--chunk-rows R] [--partitions P]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
-and its own ARCHIVE_DIR (a temporary directory), and removes both at the end.
-It writes N delivered (DLVD) messages of SIZE random bytes published 10 days
-ago (setup, not timed), then times ``workers.pipeline.archive_launch()``,
-which runs ``python -m workers.spark archive`` to its end. Afterwards
-PostgreSQL must hold none of them and the Parquet files under ARCHIVE_DIR
-exactly them, once each. The last line printed is one JSON object with the
-figures; logs go to stderr.
+``python -m bench.archive --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. Afterwards PostgreSQL must
+hold none of the messages and the Parquet files under a temporary
+ARCHIVE_DIR every one, once, or the bench fails.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Console page times on a big table: the real pages beside the same data
 read with COUNT(*) and OFFSET pagination.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.console [--messages N] [--repeat R]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see
-bench/harness.py), seeds N messages (default 1,000,000) over 10 queues in
-every state, then requests each console page R times (default 20) through
-Django's test client as a logged-in viewer and reports p50 and p95. Beside
-each page it times the SQL alone that a naive page would run instead (counts
-over the whole table, OFFSET pagination), without any rendering, so the
-ratio understates the naive page's cost. The last line printed is one JSON
-object.
+``python -m bench.console --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. The naive side times the SQL
+alone, without rendering, so its ratio understates the naive page's cost.
 """
 
 from __future__ import annotations

@@ -2,23 +2,10 @@
 fast a killed worker's batch goes back to TBDL, and how long isolating a
 poison message keeps its innocent batch-mates waiting.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.deliver [--messages N] [--batches 1,10,100]
-        [--concurrency C] [--size BYTES] [--batch1-messages M]
-        [--isolation | --no-isolation]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
-and its own redis-server on a free port, and removes both at the end. For each
-batch size it times a bare psycopg loop running the service's own claim and
-ack statements, then Celery workers (``noop`` consumer) draining the same
-number of messages from a fresh queue. Then it SIGKILLs a worker in the middle
-of a batch, three times, and times the sweeper. Last (unless --no-isolation)
-it publishes one batch holding a message that crashes the ``demo`` consumer,
-at batch 10 and 100 (and 100 with two such messages), on the product's
-default sweep and dispatch intervals, and times from the batch's crash to the
-last innocent batch-mate DLVD. The last line printed is one JSON object with
-the figures; logs go to stderr.
+``python -m bench.deliver --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. The Celery processes, the
+private redis-server and the delivery checks here are also what bench.peers
+and bench.soak run Lazaretto with.
 """
 
 from __future__ import annotations
@@ -42,11 +29,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from bench.harness import (
+    DEPTH_SQL,
+    PRODUCTION_ENV,
     BenchError,
     at_least,
     batch_list,
     batch_sizes,
     checkpoint,
+    depths,
     log,
     make_payload,
     parser,
@@ -59,6 +49,7 @@ from bench.harness import (
     verdict,
     wait_for,
 )
+from bench.loaders import PUT_APPLICATION, PUT_USER
 
 if TYPE_CHECKING:
     from broker.models import Queue
@@ -68,11 +59,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PUBLISH_BATCH = 1000
-PUT_USER = "bench"
-PUT_APPLICATION = "bench"
 CONTENT_TYPE = "application/octet-stream"
 # Workers run as in production: DEBUG off (no query log), so they need a key.
-WORKER_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+WORKER_ENV = PRODUCTION_ENV
 # Celery clock: polled fast until the first claim shows, then every 50 ms.
 START_POLL_SECONDS = 0.01
 POLL_SECONDS = 0.05
@@ -104,7 +93,6 @@ ISOLATION_POLL_SECONDS = 0.05
 # No message of the case changing state for this long is a stall.
 ISOLATION_STALL_SECONDS = 30.0
 
-DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
 OUTCOME_SQL = """
 SELECT count(*) FILTER (WHERE state = 'DLVD'), count(*) FILTER (WHERE attempts > 1), count(*)
 FROM broker_message WHERE queue_id = %s
@@ -249,10 +237,6 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 # --- helpers --------------------------------------------------------------------
-
-
-def depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
-    return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
 
 
 def make_queue(

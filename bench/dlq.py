@@ -1,15 +1,8 @@
 """Dead-letter handling: messages handled per second by a 20-rule table, and
 the rules matcher alone in rule checks per second.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.dlq [--messages N]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py),
-dead-letters N messages from ten queues with a mix of reasons, and times one
-``dead_letter_scan`` over the dead-letter queue under a 20-rule table whose
-matches fall on every rule position; it checks the queue is empty afterwards.
-The last line printed is one JSON object with the figures.
+``python -m bench.dlq --help`` lists the options; bench/README.md says what
+is measured and how to read the figures.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """HA failover: how long the pair takes to fail over when its primary dies,
 and whether any acknowledged publish is lost.
 
-Run from the project root::
-
-    .venv/bin/python -m bench.failover [--runs N] [--timeout SECONDS] [--interval SECONDS]
-
-The bench starts an HA pair for real, as tests/test_ha.py does
-(tests.ha_harness): two PostgreSQL clusters, durable (fsync on,
-synchronous_commit on), two ``manage.py broker_node`` processes, gunicorn on
-the pair's multi-host DATABASE_URL, Celery workers (no beat: the primary node
-sends the duties) and a private redis-server. A client publishes one message
-at a time through the API all along. Each run injects one fault into the
-primary (``--fault``), times the failover, then ends the fault, and the old
-primary rejoins as standby by itself; the next run hits the other node:
-
-- ``crash``: SIGKILL of the primary's node and of its PostgreSQL; the node is
-  started again;
-- ``freeze``: the primary's machine freezes (SIGSTOP of its node and of every
-  process of its PostgreSQL) for 3 times the heartbeat timeout, then thaws;
-- ``server-freeze``: only its PostgreSQL freezes, for as long; the node hands
-  over to the standby and stops the frozen server. At the end every
-publish answered 201 must be in the final primary's store. Nothing outside
-its temporary directories is touched (DATABASE_URL and CELERY_BROKER_URL are
-not used). The last line printed is one JSON object with the figures; logs go
-to stderr.
+``python -m bench.failover --help`` lists the options and the faults;
+bench/README.md says what is measured and how to read the figures. The pair
+is rig.ha's, started for real in temporary directories: DATABASE_URL and
+CELERY_BROKER_URL are not used. Each run injects the fault into the
+primary, times the failover, ends the fault and waits for the old primary
+to rejoin as standby; the next run hits the other node. At the end every
+publish answered 201 must be in the final primary's store.
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = f"lazaretto_bench_{os.getpid()}"
 MAINTENANCE_DB = "postgres"
 DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")
+BENCH_DIR = ROOT / "var" / "bench"
+# Processes a bench starts (gunicorn, Celery, the Spark driver) run as in
+# production: DEBUG off, so Django keeps no query log, and so they need a key.
+PRODUCTION_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
 CONTENT_TYPE = "text/plain"
 HEADERS = {"source": "bench", "kind": "publish"}
 # What run_bench read on the bench database; print_figures adds it to the JSON.
@@ -264,6 +269,11 @@ def make_queue(name: str, size: int, **limits: Any) -> QueueRef:
     return QueueRef(name=queue.name, id=queue.id)
 
 
+def depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
+    """The queue's depth counters by state."""
+    return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
+
+
 def batch_sizes(total: int, batch: int) -> list[int]:
     full, rest = divmod(total, batch)
     return [batch] * full + ([rest] if rest else [])
@@ -318,6 +328,17 @@ def verdict(passed: bool) -> str:
 def at_least(value: float, target: float) -> str:
     """``>= 0.50 PASS``: a ratio against the least it should reach."""
     return f">= {target:.2f} {verdict(value >= target)}"
+
+
+def keep_run(name: str, figures: dict[str, Any], stamp: str, **series: Any) -> Path:
+    """var/bench/<name>-<stamp>.json and <name>-latest.json: the figures with
+    the durability, and ``series`` (what the charts draw); returns the first."""
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({**figures, "durability": dict(DURABILITY), **series}, indent=1)
+    path = BENCH_DIR / f"{name}-{stamp}.json"
+    path.write_text(text)
+    (BENCH_DIR / f"{name}-latest.json").write_text(text)
+    return path
 
 
 def print_figures(figures: dict[str, Any]) -> None:

@@ -1,22 +1,10 @@
 """Lazaretto beside its peers: delivery throughput of Lazaretto, the bare
 claim+ack loop, PGMQ, PgQueuer, Procrastinate and Celery with Redis alone.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.peers [--messages N] [--batches 100,10,1]
-        [--systems lazaretto,bare,pgmq,pgqueuer,procrastinate,celery-redis]
-        [--batch1-messages M] [--procrastinate-messages M] [--celery-redis-messages M]
-
-One system at a time, on the PostgreSQL that DATABASE_URL names (a fresh
-database for each run, durable settings, ``VACUUM ANALYZE`` after the
-preload) and on one private redis-server: N messages of 1 KB preloaded, a
-no-op consumer, 2 worker processes, timed until the last one is
-acknowledged. First this machine's ``pgbench -N`` TPS, so that every figure
-reads as a multiple of it. The peers (PGMQ, PgQueuer, Procrastinate) run in
-their own venv, var/peers-venv, made from bench/peers-requirements.txt.
-
-The last line printed is one JSON object with the figures, also written to
-var/bench/peers-<UTC>.json and var/bench/peers-latest.json; logs go to stderr.
+``python -m bench.peers --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. One system at a time, on a
+fresh database per run; the peers run in var/peers-venv. The figures also
+go to var/bench/peers-<UTC>.json and var/bench/peers-latest.json.
 """
 
 from __future__ import annotations
@@ -62,12 +50,13 @@ from bench.deliver import (
 )
 from bench.harness import (
     BENCH_DB,
-    DURABILITY,
+    PRODUCTION_ENV,
     ROOT,
     BenchError,
     close_django,
     database_urls,
     drop_database,
+    keep_run,
     log,
     make_payload,
     positive_int,
@@ -95,7 +84,6 @@ DEFAULT_CELERY_REDIS_MESSAGES = 20_000
 
 PEERS_VENV = ROOT / "var" / "peers-venv"
 REQUIREMENTS = ROOT / "bench" / "peers-requirements.txt"
-BENCH_DIR = ROOT / "var" / "bench"
 
 PGBENCH_SCALE = 5
 PGBENCH_CLIENTS = 2
@@ -787,7 +775,7 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
     command = [sys.executable, "-m", "bench._peer_bare", "--url", ctx.bench_url]
     command += ["--queue-id", str(queue.id), "--batch", str(batch)]
     command += ["--lease-seconds", str(queue.lease_seconds)]
-    env = {**os.environ, "DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+    env = {**os.environ, **PRODUCTION_ENV}
     drained = drain_with_workers(ctx, f"bare-{batch}", command, env)
     if drained.acked != count:
         raise BenchError(
@@ -1148,17 +1136,6 @@ def print_targets(results: Sequence[Result]) -> None:
         )
 
 
-def write_figures(figures: dict[str, Any]) -> Path:
-    """var/bench/peers-<UTC>.json and peers-latest.json: the JSON line's object."""
-    BENCH_DIR.mkdir(parents=True, exist_ok=True)
-    document = {**figures, "durability": dict(DURABILITY)}
-    text = json.dumps(document, indent=1)
-    path = BENCH_DIR / f"peers-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(text)
-    (BENCH_DIR / "peers-latest.json").write_text(text)
-    return path
-
-
 @contextmanager
 def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
     """One private redis-server for Lazaretto's wake-ups and Celery alone;
@@ -1255,7 +1232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         print(f"total {seconds:.0f} s")
         figures = summary(options, tps, results, checks, seconds)
-        log(f"figures written to {write_figures(figures).relative_to(ROOT)}")
+        log(
+            f"figures written to {keep_run('peers', figures, datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')).relative_to(ROOT)}"
+        )
         print_figures(figures)
 
     return run_bench(measure)

@@ -1,14 +1,9 @@
 """Publish throughput: bare binary COPY vs ``messages_publish`` vs the REST API.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.publish [--messages N] [--batch B] [--size BYTES]
-
-The bench makes its own database (``lazaretto_bench_<pid>`` on the server named by
-DATABASE_URL), drops it at the end and never touches the dev database. Each
-path writes N messages of SIZE bytes in batches of B into its own queue, and
-its row count is checked afterwards. The last line printed is one JSON object
-with the figures; logs go to stderr.
+``python -m bench.publish --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. Each path writes N messages
+of SIZE bytes in batches of B into its own queue, and its row count and
+depth counter are checked afterwards.
 """
 
 from __future__ import annotations

@@ -2,20 +2,10 @@
 queue by the Spark replay job, against one INSERT ... SELECT (the machine's
 limit for the same move) and a row-by-row ORM loop (a naive script).
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.replay [--messages N] [--size BYTES]
-        [--partitions P] [--slice-rows R] [--orm-sample S]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
-and its own redis-server (the wake-ups the replay sends go there), and removes
-both at the end. It dead-letters N messages of SIZE bytes onto
-SYSTEM.DEAD.LETTER.QUEUE (setup, not timed), then moves them back to their
-original queue three ways, on the same source: ``insert_select``, ``spark``
-(a ReplayJob run by ``workers.pipeline.replay_job_launch``, which spawns the
-Spark driver) and ``orm`` (on a sample of S messages). Between ways the
-copies and the job ledger are deleted and the tables vacuumed. The last line
-printed is one JSON object with the figures; logs go to stderr.
+``python -m bench.replay --help`` lists the options; bench/README.md says
+what is measured and how to read the figures. The three ways move the same
+source; between them the copies and the job ledger are deleted and the
+tables vacuumed.
 """
 
 from __future__ import annotations
@@ -36,6 +26,7 @@ from typing import Any
 import psycopg
 
 from bench.harness import (
+    PRODUCTION_ENV,
     BenchError,
     batch_sizes,
     checkpoint,
@@ -67,7 +58,7 @@ TOTAL_TARGET_MESSAGES = 1_000_000
 # Amazon SQS's dead-letter queue redrive moves at most this many messages a second.
 SQS_REDRIVE_MSGS_PER_S = 500
 # The Spark driver runs as in production: DEBUG off (no query log), so it needs a key.
-DRIVER_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
+DRIVER_ENV = PRODUCTION_ENV
 # pgjdbc's default application_name: how the Spark executors' connections show.
 JDBC_APPLICATION = "PostgreSQL JDBC Driver"
 # The watcher polls fast until the Spark session is up, then samples what

@@ -1,30 +1,12 @@
 """Soak: steady publishing at 70 % of the measured drain rate, then an idle
 transaction that keeps VACUUM from cleaning, then the recovery after it.
 
-Run from the project root with the services env sourced::
-
-    .venv/bin/python -m bench.soak [--minutes M] [--rate R] [--idle-minutes I]
-        [--recovery-minutes C] [--drain-messages N] [--no-drain-while-publishing]
-        [--size BYTES]
-
-The bench makes its own database (``lazaretto_bench_<pid>``, see bench/harness.py)
-and its own redis-server, and removes both at the end. Unless --rate is
-given it first measures the drain rate, twice, with real Celery workers (2
-delivery processes, batch size 100, consumer ``noop``): idle, N pre-published
-messages drained with nothing else running; then while publishing, the
-messages acknowledged per second while a publisher offers the idle rate, on
-the same two cores. The soak's base is the second (the first with
---no-drain-while-publishing): publishing takes its share of the machine, so
-70 % of the idle rate would be more than the machine can deliver while it
-also publishes. Then a publisher thread publishes at 70 % of that rate through
-``messages_publish`` for M minutes (steady), I more minutes with an idle
-transaction held open on another connection (idle_txn), and C more minutes
-after it ends (recovery). Every 10 s window records published and acked
-messages per second, publish-to-ack latency percentiles, and the dead tuples,
-live tuples and size of broker_message summed over its partitions (the table
-alone when it is not partitioned). The last line printed is one JSON object
-with the figures; the time series goes to var/bench/soak-<UTC>.json and
-var/bench/soak-latest.json; logs go to stderr.
+``python -m bench.soak --help`` lists the options; bench/README.md says what
+is measured and how to read the figures. The base rate is the drain measured
+while publishing (idle with --no-drain-while-publishing): publishing takes
+its share of the machine, so 70 % of the idle rate would be more than it can
+deliver while it also publishes. The time series goes to
+var/bench/soak-<UTC>.json and var/bench/soak-latest.json.
 """
 
 from __future__ import annotations
@@ -32,7 +14,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -52,11 +33,12 @@ import psycopg
 
 from bench import deliver, harness
 from bench.harness import (
-    DURABILITY,
     ROOT,
     BenchError,
     batch_sizes,
     checkpoint,
+    depths,
+    keep_run,
     log,
     make_payload,
     positive_float,
@@ -66,7 +48,7 @@ from bench.harness import (
     setup_django,
     table,
 )
-from bench.loaders import queue_empty
+from bench.loaders import PUT_APPLICATION, PUT_USER, queue_empty
 
 if TYPE_CHECKING:
     from broker.models import Queue
@@ -113,9 +95,6 @@ TARGETS = {
 QUEUE_NAME = "BENCH.SOAK"
 DRAIN_QUEUE_NAME = "BENCH.SOAK.DRAIN"
 LOADED_QUEUE_NAME = "BENCH.SOAK.LOADED"
-PUT_USER = "bench"
-PUT_APPLICATION = "bench"
-BENCH_DIR = ROOT / "var" / "bench"
 # Progress of the backlog's drain after the publisher stops.
 DRAIN_LOG_SECONDS = 30.0
 
@@ -136,7 +115,6 @@ FROM tree AS t
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = t.relid
 ORDER BY t.level, t.relid::regclass::text
 """
-DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
 # The sampled messages acked so far, looked up by primary key. ``state =
 # 'DLVD'`` prunes a partitioned table to its delivered partition. The times
 # are the publish's and the ack's transaction now() (see ACK_SQL).
@@ -573,10 +551,6 @@ def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def read_depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
-    return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
-
-
 # --- the publisher and the latency sampler ----------------------------------------------
 
 
@@ -899,9 +873,9 @@ def measure_loaded_drain(bench: deliver.Bench, offered: float) -> float:
         try:
             time.sleep(LOADED_WARMUP_SECONDS)
             check()
-            began, before = time.monotonic(), read_depths(conn, queue.id).get("DLVD", 0)
+            began, before = time.monotonic(), depths(conn, queue.id).get("DLVD", 0)
             time.sleep(LOADED_SECONDS)
-            ended, after = time.monotonic(), read_depths(conn, queue.id).get("DLVD", 0)
+            ended, after = time.monotonic(), depths(conn, queue.id).get("DLVD", 0)
         finally:
             publisher.stopping.set()
             publisher.join()
@@ -935,7 +909,7 @@ class Clock:
     def read(self) -> Reading:
         t = time.monotonic() - self.started
         published = self.publisher.count()
-        depth = read_depths(self.conn, self.queue_id)
+        depth = depths(self.conn, self.queue_id)
         relations = read_relations(self.conn)
         return Reading(
             t=t,
@@ -1159,7 +1133,7 @@ def wait_drained(
     overloaded run, the backlog is drained after the clock."""
     began = logged = time.monotonic()
     delivered, moved = -1, began
-    while (now_delivered := read_depths(conn, queue_id).get("DLVD", 0)) < count:
+    while (now_delivered := depths(conn, queue_id).get("DLVD", 0)) < count:
         now = time.monotonic()
         if now_delivered != delivered:
             delivered, moved = now_delivered, now
@@ -1356,30 +1330,18 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def write_series(run: Run, figures: dict[str, Any]) -> Path:
-    """var/bench/soak-<UTC>.json and soak-latest.json: the figures, the
-    phases and every window's sample."""
-    BENCH_DIR.mkdir(parents=True, exist_ok=True)
-    document = {
-        **figures,
-        "durability": dict(DURABILITY),
-        "started_utc": run.started_utc,
-        "phases": phase_bounds(run.windows),
-        "idle_transaction": run.idle,
-        "samples": [asdict(sample) for sample in run.samples],
-    }
-    stamp = run.started_utc.replace("-", "").replace(":", "")
-    path = BENCH_DIR / f"soak-{stamp}.json"
-    text = json.dumps(document, indent=1)
-    path.write_text(text)
-    (BENCH_DIR / "soak-latest.json").write_text(text)
-    return path
-
-
 def print_report(run: Run) -> None:
     steady_latency = latency_ms(phase_latencies(run, "steady"))
     figures = summary(run, steady_latency)
-    path = write_series(run, figures)
+    path = keep_run(
+        "soak",
+        figures,
+        run.started_utc.replace("-", "").replace(":", ""),
+        started_utc=run.started_utc,
+        phases=phase_bounds(run.windows),
+        idle_transaction=run.idle,
+        samples=[asdict(sample) for sample in run.samples],
+    )
     figures["series_file"] = str(path.relative_to(ROOT))
     print(
         f"soak bench: {run.options.size}-byte payloads, consumer noop, batch size {BATCH_SIZE}, "
