@@ -33,6 +33,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
 )
 from bench.loaders import age_delivered, copy_batch
 from bench.replay import (
@@ -138,9 +139,7 @@ def deliver_old(bench_url: str, options: Options) -> tuple[int, list[int]]:
         ids = age_delivered(conn, queue.id, AGE_DAYS)
     if len(ids) != options.messages:
         raise BenchError(f"setup: {len(ids)} of {options.messages} messages delivered")
-    log(
-        f"setup: {len(ids)} DLVD messages, {AGE_DAYS} days old, in {time.perf_counter() - started:.1f}s"
-    )
+    log(f"setup: {len(ids)} DLVD messages, {AGE_DAYS} days old, in {since(started):.1f}s")
     return queue.id, ids
 
 
@@ -181,7 +180,7 @@ def run_archive(bench_url: str) -> Run:
         with stdout_to_stderr():
             status = archive_launch()
     finally:
-        seconds = time.perf_counter() - started
+        seconds = since(started)
         db_seconds = sampler.stop()
     if status != 0:
         raise BenchError(f"the archive's Spark driver exited with status {status}")

@@ -24,6 +24,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
 )
 from bench.loaders import spread_states
 
@@ -78,7 +79,7 @@ def timings(run: Callable[[], Any], repeat: int) -> dict[str, float]:
     for _ in range(repeat):
         started = time.perf_counter()
         run()
-        samples.append((time.perf_counter() - started) * 1000)
+        samples.append(since(started) * 1000)
     samples.sort()
     return {
         "p50_ms": round(statistics.median(samples), 1),

@@ -44,6 +44,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
     table,
     title,
     verdict,
@@ -394,7 +395,7 @@ def run_bare(bench: Bench, queue: Queue) -> float:
         started = time.perf_counter()
         while batch := claim_and_ack(conn, claim):
             delivered += batch
-        seconds = time.perf_counter() - started
+        seconds = since(started)
     log(f"bare: {delivered} messages in {seconds:.2f}s")
     return seconds
 
@@ -559,7 +560,7 @@ def kill_and_watch(conn: psycopg.Connection[Any], queue: Queue, pid: int, ids: l
     os.kill(pid, signal.SIGKILL)
     queue_update(queue=queue, paused=True)
     wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
-    seconds = time.perf_counter() - killed
+    seconds = since(killed)
     died = conn.execute(DIED_SQL, [ids]).fetchone()
     if died != (len(ids),):
         raise BenchError(f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes")
@@ -924,7 +925,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def measure(bench_url: str) -> None:
         figures = run_all(options, bench_url)
-        print_report(options, figures, time.perf_counter() - started)
+        print_report(options, figures, since(started))
 
     return run_bench(measure)
 

@@ -20,6 +20,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
 )
 from bench.loaders import move_to_dead_letters
 
@@ -79,7 +80,7 @@ def run_handler(total: int) -> tuple[float, dict[str, int]]:
 
     started = time.perf_counter()
     result = dead_letter_scan(queue=Queue.objects.get(name=DLQ))
-    seconds = time.perf_counter() - started
+    seconds = since(started)
     left = Message.objects.filter(queue__name=DLQ).count()
     if result.examined != total or left:
         raise BenchError(f"handler examined {result.examined} of {total}; {left} left on the queue")
@@ -113,12 +114,12 @@ def matcher_rate() -> tuple[float, Counter[int]]:
     first_hits: Counter[int] = Counter()
     calls = 0
     started = time.perf_counter()
-    while time.perf_counter() - started < MATCHER_SECONDS:
+    while since(started) < MATCHER_SECONDS:
         for message in messages:
             matches = matching_rules(table, message)
             first_hits[matches[0][0] if matches else 0] += 1
         calls += len(messages)
-    seconds = time.perf_counter() - started
+    seconds = since(started)
     return calls * len(table.rules) / seconds, first_hits
 
 

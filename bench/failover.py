@@ -40,6 +40,7 @@ from bench.harness import (
     print_figures,
     read_durability,
     record_environment,
+    since,
     table,
     title,
     verdict,
@@ -916,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log("interrupted: every process stopped")
         return 130
-    print_report(options, figures, time.perf_counter() - started)
+    print_report(options, figures, since(started))
     return 1 if figures.loss.lost else 0
 
 

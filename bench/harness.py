@@ -21,8 +21,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -345,11 +344,3 @@ def print_figures(figures: dict[str, Any]) -> None:
     """Print a bench's last line: its figures as one JSON object, with the
     durability profile run_bench measured on."""
     print(json.dumps({**figures, "durability": dict(DURABILITY)}), flush=True)
-
-
-@contextmanager
-def stage(what: str) -> Iterator[None]:
-    """Log how long a setup step took: ``setup: ... in 1.2s``."""
-    started = time.perf_counter()
-    yield
-    log(f"{what} in {since(started):.1f}s")

@@ -63,6 +63,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
     table,
 )
 from bench.harness import parser as harness_parser
@@ -456,7 +457,7 @@ def settle(ctx: Context, what: str, table: str) -> None:
         unlogged = [row[0] for row in conn.execute(UNLOGGED_SQL, {"table": table}).fetchall()]
     if unlogged:
         raise BenchError(f"{what}: {unlogged} unlogged: not the durability of the others")
-    log(f"{what}: VACUUM ANALYZE and CHECKPOINT in {time.perf_counter() - started:.1f}s")
+    log(f"{what}: VACUUM ANALYZE and CHECKPOINT in {since(started):.1f}s")
 
 
 def writes(conn: psycopg.Connection[Any]) -> int:
@@ -797,7 +798,7 @@ def prepare_peer(ctx: Context, module: str, count: int) -> None:
         raise BenchError(
             f"{module} prepare exited with {answer.returncode}:\n{answer.stderr[-3000:]}"
         )
-    log(f"{module}: schema and {count} messages in {time.perf_counter() - started:.1f}s")
+    log(f"{module}: schema and {count} messages in {since(started):.1f}s")
 
 
 def run_peer(
@@ -889,7 +890,7 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
             app.send_task(TASK, args=[payload], queue=QUEUE, producer=producer)
     if redis_queued(client, QUEUE) != count:
         raise BenchError(f"celery-redis: sent {count} tasks, {redis_queued(client, QUEUE)} queued")
-    log(f"celery-redis: {count} tasks sent in {time.perf_counter() - started:.1f}s")
+    log(f"celery-redis: {count} tasks sent in {since(started):.1f}s")
     node = NODE.replace("%h", socket.gethostname())
     command = [sys.executable, "-m", "celery", "-A", "bench._peer_celery", "worker"]
     command += ["-Q", IDLE_QUEUE, "-c", str(WORKERS), "-n", NODE, "-l", "warning"]
@@ -1229,7 +1230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results, checks = run_all(ctx)
         print_table(options, tps, results)
         print_targets(results)
-        seconds = time.perf_counter() - started
+        seconds = since(started)
         print(f"total {seconds:.0f} s")
         figures = summary(options, tps, results, checks, seconds)
         log(

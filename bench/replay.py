@@ -39,6 +39,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
     table,
     title,
 )
@@ -362,7 +363,7 @@ class JobWatch(Sampler):
             self.ready = heartbeat if self.ready_exact else datetime.now(heartbeat.tzinfo)
             self.driver_started = started
             log(f"spark: session up ({app_id})")
-        if time.perf_counter() - self.logged >= PROGRESS_LOG_SECONDS:
+        if since(self.logged) >= PROGRESS_LOG_SECONDS:
             self.logged = time.perf_counter()
             log(f"spark: {status}, read {read}, written {written} of {self.total}")
         if not self.timed_out and time.perf_counter() > self.deadline:
@@ -391,7 +392,7 @@ def dead_letter(bench_url: str, options: Options) -> Setup:
         moved = dead_letter_queue(conn, dlq_id=dlq_id, origin=ORIGIN, origin_id=origin.id)
     if moved != options.messages:
         raise BenchError(f"setup: dead-lettered {moved} of {options.messages} messages")
-    log(f"setup: {moved} messages on {DLQ} in {time.perf_counter() - started:.1f}s")
+    log(f"setup: {moved} messages on {DLQ} in {since(started):.1f}s")
     return Setup(bench_url, dlq_id=dlq_id, origin_id=origin.id, messages=options.messages)
 
 
@@ -427,7 +428,7 @@ def run_insert_select(setup: Setup) -> Result:
         started = time.perf_counter()
         with conn.transaction():
             written = conn.execute(INSERT_SELECT_SQL, {"dlq": setup.dlq_id}).rowcount
-        seconds = time.perf_counter() - started
+        seconds = since(started)
     if written != setup.messages:
         raise BenchError(f"insert_select: wrote {written} of {setup.messages}")
     verify(setup, setup.messages, "insert_select")
@@ -453,7 +454,7 @@ def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
         with stdout_to_stderr():
             ended = replay_job_launch(job.id)
     finally:
-        seconds = time.perf_counter() - started
+        seconds = since(started)
         db_seconds = watch.stop()
     if watch.timed_out:
         raise BenchError(
@@ -526,7 +527,7 @@ def run_orm(setup: Setup, sample: int) -> Result:
                 put_application=source.put_application,
                 put_user=source.put_user,
             )
-    seconds = time.perf_counter() - started
+    seconds = since(started)
     verify(setup, sample, "orm")
     return Result("orm", seconds, sample)
 

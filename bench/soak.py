@@ -46,6 +46,7 @@ from bench.harness import (
     print_figures,
     run_bench,
     setup_django,
+    since,
     table,
 )
 from bench.loaders import PUT_APPLICATION, PUT_USER, queue_empty
@@ -670,7 +671,7 @@ class LatencySampler(threading.Thread):
             return 0
         began = time.perf_counter()
         rows = conn.execute(ACKED_SQL, {"ids": oldest}).fetchall()
-        seconds = time.perf_counter() - began
+        seconds = since(began)
         self.queries += 1
         self.query_seconds += seconds
         self.longest_query_s = max(self.longest_query_s, seconds)
