@@ -306,7 +306,7 @@ def flush_redis(server: RedisServer) -> None:
 
 
 def worker_env(bench_url: str) -> dict[str, str]:
-    """On top of tests.harness.Workers' env: the bench database, DEBUG off, and
+    """On top of rig.processes.Workers' env: the bench database, DEBUG off, and
     the sweep and dispatch intervals this process has (the settings' defaults
     unless the caller's environment overrides them), not the harness's 0.25 s."""
     from django.conf import settings
@@ -330,7 +330,7 @@ def start_workers(workers: Workers) -> None:
     """Returns once the deliveries and control workers and beat logged that they run."""
     try:
         workers.start()
-    except AssertionError as error:  # tests.harness.wait_until timed out
+    except AssertionError as error:  # rig.processes.wait_until timed out
         raise BenchError(f"Celery processes did not start: {error}") from None
 
 
@@ -339,7 +339,7 @@ def celery_processes(
     bench: Bench, directory: Path, extra_env: dict[str, str] | None = None
 ) -> Iterator[Workers]:
     """A deliveries worker (--concurrency C), a control worker and beat, as
-    tests.harness.Workers starts them, with ``extra_env`` on top of
+    rig.processes.Workers starts them, with ``extra_env`` on top of
     worker_env(); their process groups are killed on the way out, and their
     logs end a failure's message."""
     from rig.processes import Workers
@@ -920,7 +920,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     # The kill and isolation queues have the demo consumer, and a queue's
     # consumer must be registered where it is created: the bench process
-    # loads the module its workers load (tests.harness.Workers).
+    # loads the module its workers load (rig.processes.Workers).
     os.environ["LAZARETTO_CONSUMER_MODULES"] = "demo_consumers"
 
     def measure(bench_url: str) -> None:

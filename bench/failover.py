@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench import harness
 from bench.harness import (
+    ROOT,
     BenchError,
     log,
     positive_float,
@@ -78,7 +79,6 @@ SETTLE_SECONDS = 30.0
 # to be earlier (a later publish delivered first by another process).
 RECHECK_SECONDS = 1.0
 LOG_TAIL = 4000
-ROOT = Path(__file__).resolve().parent.parent
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
 
 FIRST_DLVD_SQL = """
@@ -136,13 +136,13 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         "--timeout",
         type=positive_float,
         default=TIMEOUT,
-        help=f"HA_HEARTBEAT_TIMEOUT of the nodes (default: tests.ha_harness's, {TIMEOUT:g} s)",
+        help=f"HA_HEARTBEAT_TIMEOUT of the nodes (default: rig.ha's, {TIMEOUT:g} s)",
     )
     parser.add_argument(
         "--interval",
         type=positive_float,
         default=INTERVAL,
-        help=f"HA_HEARTBEAT_INTERVAL of the nodes (default: tests.ha_harness's, {INTERVAL:g} s)",
+        help=f"HA_HEARTBEAT_INTERVAL of the nodes (default: rig.ha's, {INTERVAL:g} s)",
     )
     parser.add_argument(
         "--fault", choices=sorted(FAULTS), default="crash", help="what happens to the primary"
@@ -689,7 +689,7 @@ def clients(pair: Pair, directory: Path) -> Iterator[tuple[WebServer, Workers, P
     from rig.ha import SECRET, WebServer
     from rig.processes import Workers
 
-    # tests.harness.Workers reads the test database's URL from Django's
+    # rig.processes.Workers reads the test database's URL from Django's
     # settings before extra_env replaces it: give this process settings
     # that name the pair.
     os.environ["DJANGO_SETTINGS_MODULE"] = "console.settings"
