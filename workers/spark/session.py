@@ -63,25 +63,68 @@ def _rules_zip() -> Path:
     return target
 
 
-def jdbc_url() -> str:
-    db = connection.settings_dict
-    host = db["HOST"] or "127.0.0.1"
-    if host.startswith("/"):
+# DATABASE_URL's libpq settings that PostgreSQL's JDBC driver understands,
+# under the driver's names; the others have no JDBC counterpart.
+_JDBC_PROPERTIES = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    # The driver reads a PKCS-8 (DER) or PKCS-12 key, not libpq's PEM one.
+    "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+    "options": "options",
+    "keepalives": "tcpKeepAlive",
+    "target_session_attrs": "targetServerType",
+}
+_SERVER_TYPES = {
+    "any": "any",
+    "read-write": "primary",
+    "primary": "primary",
+    "read-only": "secondary",
+    "standby": "secondary",
+    "prefer-standby": "preferSecondary",
+}
+
+
+def jdbc_url(database: dict[str, Any] | None = None) -> str:
+    """The JDBC URL of ``database`` (Django's DATABASES entry; default: the
+    connection's), every host of a multi-host DATABASE_URL included."""
+    db = database or connection.settings_dict
+    hosts = str(db["HOST"] or "127.0.0.1").split(",")
+    ports = str(db["PORT"] or "").split(",")
+    if any(host.startswith("/") for host in hosts):
         raise ImproperlyConfigured(
             "DATABASE_URL: the Spark jobs reach PostgreSQL over TCP; give a host name, "
             "not a socket directory."
         )
-    return f"jdbc:postgresql://{host}:{db['PORT'] or 5432}/{db['NAME']}"
+    ports = ports if len(ports) == len(hosts) else ports[:1] * len(hosts)
+    servers = ",".join(f"{host}:{port or 5432}" for host, port in zip(hosts, ports, strict=True))
+    return f"jdbc:postgresql://{servers}/{db['NAME']}"
 
 
-def jdbc_options() -> dict[str, Any]:
-    db = connection.settings_dict
-    return {
-        "url": jdbc_url(),
+def jdbc_options(database: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What Spark's JDBC source and sink get: the URL, the credentials and
+    the driver's properties for DATABASE_URL's TLS, timeout and target
+    settings (Spark hands every option it does not know to the driver)."""
+    db = database or connection.settings_dict
+    options: dict[str, Any] = {
+        "url": jdbc_url(db),
         "user": db["USER"],
         "password": db["PASSWORD"],
         "driver": "org.postgresql.Driver",
     }
+    for name, value in (db.get("OPTIONS") or {}).items():
+        property_name = _JDBC_PROPERTIES.get(name)
+        if property_name is None or value in (None, ""):
+            continue
+        if name == "keepalives":
+            value = "true" if str(value) == "1" else "false"
+        elif name == "target_session_attrs":
+            value = _SERVER_TYPES.get(str(value), "any")
+        options[property_name] = str(value)
+    return options
 
 
 def read_range(spark: SparkSession, query: str, first: int, last: int) -> DataFrame:
