@@ -1,10 +1,10 @@
 """Fixture loads that write message rows directly, bypassing the services.
 
 A bench times one path; what it needs in place beforehand (a million
-messages in every state, a dead-letter queue ten days deep) would take the
-services longer than the measurement, and going through them is not what is
-measured. Each loader here says what it writes and why the service may be
-skipped there. Nothing outside bench/ writes rows this way: the console and
+messages in every state, a million dead letters, delivered messages ten days
+old), or cleared between two runs, would take the services longer than the
+measurement, and going through them is not what is measured. Each loader
+here says what it writes and why the service may be skipped there. Nothing outside bench/ writes rows this way: the console and
 the workers change a message's state only through broker.services.transitions.
 """
 
@@ -133,6 +133,25 @@ def dead_letter_queue(
     with conn.transaction():
         params = {"dlq": dlq_id, "origin": origin, "origin_id": origin_id}
         return conn.execute(HANDLER_ERROR_SQL, params).rowcount
+
+
+REPLAY_UNDO_SQL = (
+    "DELETE FROM broker_message WHERE queue_id = %(queue)s",
+    "DELETE FROM broker_replayedmessage",
+    "DELETE FROM broker_replayjob",
+    "TRUNCATE broker_replaystage",
+)
+
+
+def replay_undo(url: str, queue_id: int) -> None:
+    """Deletes, in one transaction, what a replay wrote: every message of the
+    queue it replayed to, the replay jobs, their ledger of replayed messages
+    and their staging table. The replay bench moves the same dead letters
+    three ways and undoes each before the next; no service takes a replay
+    back, and the dead letters themselves stay as they were."""
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for statement in REPLAY_UNDO_SQL:
+            conn.execute(statement, {"queue": queue_id})
 
 
 def queue_empty(url: str, queue_id: int) -> None:

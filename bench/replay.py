@@ -43,7 +43,7 @@ from bench.harness import (
     table,
     title,
 )
-from bench.loaders import copy_batch, dead_letter_queue
+from bench.loaders import copy_batch, dead_letter_queue, replay_undo
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGIN = "BENCH.REPLAY.ORIGIN"
@@ -88,12 +88,6 @@ SELECT (SELECT count(*) FROM broker_message WHERE queue_id = %(queue)s),
        (SELECT count FROM broker_queuedepth_current WHERE queue_id = %(queue)s AND state = 'TBDL'),
        (SELECT count(*) FROM broker_message WHERE queue_id = %(dlq)s AND state = 'TBDL')
 """
-RESET_SQL = (
-    "DELETE FROM broker_message WHERE queue_id = %(queue)s",
-    "DELETE FROM broker_replayedmessage",
-    "DELETE FROM broker_replayjob",
-    "TRUNCATE broker_replaystage",
-)
 VACUUM_SQL = (
     "VACUUM ANALYZE broker_message, broker_replayedmessage, broker_replayjob,"
     " broker_replaystage, broker_queuedepth, broker_queuedepthdelta"
@@ -399,9 +393,7 @@ def dead_letter(bench_url: str, options: Options) -> Setup:
 def reset(setup: Setup) -> None:
     """Delete what a way wrote (copies, replay jobs and their ledger), then
     VACUUM ANALYZE and CHECKPOINT, so every way starts from the same tables."""
-    with psycopg.connect(setup.bench_url, autocommit=True) as conn, conn.transaction():
-        for statement in RESET_SQL:
-            conn.execute(statement, {"queue": setup.origin_id})
+    replay_undo(setup.bench_url, setup.origin_id)
     vacuum(setup.bench_url)
     checkpoint()
 
