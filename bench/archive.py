@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import (
+from bench._harness import (
     BenchError,
     batch_sizes,
     checkpoint,
@@ -35,7 +35,7 @@ from bench.harness import (
     setup_django,
     since,
 )
-from bench.loaders import age_delivered, copy_batch
+from bench._loaders import age_delivered, copy_batch
 from bench.replay import (
     DRIVER_ENV,
     JDBC_APPLICATION,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.harness import (
+from bench._harness import (
     BenchError,
     log,
     parser,
@@ -26,7 +26,7 @@ from bench.harness import (
     setup_django,
     since,
 )
-from bench.loaders import spread_states
+from bench._loaders import spread_states
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
 TARGET_P95_MS = 300.0

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from bench.harness import (
+from bench._harness import (
     DEPTH_SQL,
     PRODUCTION_ENV,
     BenchError,
@@ -50,7 +50,7 @@ from bench.harness import (
     verdict,
     wait_for,
 )
-from bench.loaders import PUT_APPLICATION, PUT_USER
+from bench._loaders import PUT_APPLICATION, PUT_USER
 
 if TYPE_CHECKING:
     from broker.models import Queue
@@ -283,7 +283,7 @@ def private_redis(directory: Path) -> Iterator[RedisServer]:
     try:
         try:
             server.start()
-        except AssertionError as error:  # the harness's timeouts
+        except AssertionError as error:  # rig.processes' timeouts
             raise BenchError(f"redis-server: {error}") from None
         point_celery_at(server.url)
         yield server
@@ -308,7 +308,7 @@ def flush_redis(server: RedisServer) -> None:
 def worker_env(bench_url: str) -> dict[str, str]:
     """On top of rig.processes.Workers' env: the bench database, DEBUG off, and
     the sweep and dispatch intervals this process has (the settings' defaults
-    unless the caller's environment overrides them), not the harness's 0.25 s."""
+    unless the caller's environment overrides them), not the rig's 0.25 s."""
     from django.conf import settings
 
     return {

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench.harness import (
+from bench._harness import (
     BenchError,
     log,
     parser,
@@ -22,7 +22,7 @@ from bench.harness import (
     setup_django,
     since,
 )
-from bench.loaders import move_to_dead_letters
+from bench._loaders import move_to_dead_letters
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGINS = [f"APP{n}.IN" for n in range(10)]

@@ -31,8 +31,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from bench import harness
-from bench.harness import (
+from bench import _harness as harness
+from bench._harness import (
     ROOT,
     BenchError,
     log,

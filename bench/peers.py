@@ -31,24 +31,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
-from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
-from bench._venv import VenvError, venv_python
-from bench.deliver import (
-    Bench,
-    batch_list,
-    celery_processes,
-    drain_paused_queue,
-    flush_redis,
-    make_queue,
-    new_message,
-    private_redis,
-    publish_messages,
-    verify_delivered,
-)
-from bench.deliver import (
-    Options as DeliverOptions,
-)
-from bench.harness import (
+from bench._harness import (
     BENCH_DB,
     PRODUCTION_ENV,
     ROOT,
@@ -66,7 +49,24 @@ from bench.harness import (
     since,
     table,
 )
-from bench.harness import parser as harness_parser
+from bench._harness import parser as harness_parser
+from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
+from bench._venv import VenvError, venv_python
+from bench.deliver import (
+    Bench,
+    batch_list,
+    celery_processes,
+    drain_paused_queue,
+    flush_redis,
+    make_queue,
+    new_message,
+    private_redis,
+    publish_messages,
+    verify_delivered,
+)
+from bench.deliver import (
+    Options as DeliverOptions,
+)
 
 if TYPE_CHECKING:
     from rig.processes import RedisServer

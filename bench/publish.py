@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import psycopg
 
-from bench.harness import (
+from bench._harness import (
     CONTENT_TYPE,
     HEADERS,
     ROOT,
@@ -46,7 +46,7 @@ from bench.harness import (
     timed,
     title,
 )
-from bench.loaders import PUT_APPLICATION, PUT_USER, copy_batch
+from bench._loaders import PUT_APPLICATION, PUT_USER, copy_batch
 
 if TYPE_CHECKING:
     from broker.services.publish import NewMessage

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import (
+from bench._harness import (
     PRODUCTION_ENV,
     BenchError,
     batch_sizes,
@@ -43,7 +43,7 @@ from bench.harness import (
     table,
     title,
 )
-from bench.loaders import copy_batch, dead_letter_queue, replay_undo
+from bench._loaders import copy_batch, dead_letter_queue, replay_undo
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGIN = "BENCH.REPLAY.ORIGIN"

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from bench import deliver, harness
-from bench.harness import (
+from bench import _harness as harness
+from bench import deliver
+from bench._harness import (
     ROOT,
     BenchError,
     batch_sizes,
@@ -49,7 +50,7 @@ from bench.harness import (
     since,
     table,
 )
-from bench.loaders import PUT_APPLICATION, PUT_USER, queue_empty
+from bench._loaders import PUT_APPLICATION, PUT_USER, queue_empty
 
 if TYPE_CHECKING:
     from broker.models import Queue

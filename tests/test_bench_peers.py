@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from bench import peers
-from bench.harness import BenchError
+from bench._harness import BenchError
 from bench.peers import DatabaseWork, Result
 from tests.harness import database_url_for_workers
 
