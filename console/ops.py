@@ -7,7 +7,6 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address, ip_address
 
 import psycopg
 import redis
@@ -15,6 +14,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest
+
+from console.client import client_address
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def metrics_refusal(request: HttpRequest) -> Refusal | None:
         if not hmac.compare_digest(token.strip().encode(), expected.encode()):
             return Refusal(401, "authentication_failed", "The metrics token is wrong.")
         return None
-    address = _client_address(request)
+    address = client_address(request)
     if address is not None and any(
         address in network for network in settings.METRICS_ALLOWED_NETWORKS
     ):
@@ -59,18 +60,6 @@ def metrics_refusal(request: HttpRequest) -> Refusal | None:
         "permission_denied",
         "/metrics answers only METRICS_ALLOWED_NETWORKS or a request bearing METRICS_TOKEN.",
     )
-
-
-def _client_address(request: HttpRequest) -> IPv4Address | IPv6Address | None:
-    """The connecting address (never X-Forwarded-For, which a client sets);
-    an IPv4 address mapped into IPv6 counts as the IPv4 one."""
-    try:
-        address = ip_address(request.META.get("REMOTE_ADDR", ""))
-    except ValueError:
-        return None
-    if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 @dataclass(frozen=True)

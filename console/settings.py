@@ -3,6 +3,7 @@ environment (see .env.example); a bad value stops start-up naming the
 variable."""
 
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -86,6 +87,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -109,7 +111,25 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.middleware.HaRefusalMiddleware",
+    # Last, as django-axes asks: it answers a locked-out sign-in.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed sign-ins are counted per user name and per address (django-axes):
+# past LAZARETTO_LOGIN_FAILURE_LIMIT failures either is refused, the right
+# password too, for LAZARETTO_LOGIN_LOCKOUT_MINUTES after the last failure;
+# each lockout is an audit event (console.logins).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LAZARETTO_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LAZARETTO_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "console.client.client_ip"
+AXES_LOCKOUT_CALLABLE = "console.logins.locked_out"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "console.urls"
 WSGI_APPLICATION = "console.wsgi.application"
@@ -223,9 +243,15 @@ configure_structlog()
 
 # /metrics (Prometheus): answered to a request bearing this token
 # ("Authorization: Bearer …"; blank: no token accepted) or coming from one
-# of these networks (the connecting address, not X-Forwarded-For).
+# of these networks (the client's address: see LAZARETTO_TRUSTED_PROXIES).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.0/8", "::1/128"])
+# Reverse proxies in front of the web (console.client): a request connecting
+# from one of these networks is taken to come from the address its
+# X-Forwarded-For names (the last hop not itself a trusted proxy). /metrics,
+# the login throttle and the audit log see that address. Empty (the
+# default): X-Forwarded-For, which any client may send, is never read.
+LAZARETTO_TRUSTED_PROXIES = env_networks("LAZARETTO_TRUSTED_PROXIES", [])
 
 # Lazaretto's own defaults.
 LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
