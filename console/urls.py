@@ -17,6 +17,7 @@ from console.views import (
     replay,
     tokens,
     topics,
+    users,
 )
 
 urlpatterns = [
@@ -53,6 +54,9 @@ urlpatterns = [
     path("audit/", audit.audit_log, name="audit"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke_view, name="token-revoke"),
+    path("users/", users.users, name="users"),
+    path("users/<str:name>/role/", users.user_role_view, name="user-role"),
+    path("users/<str:name>/deactivate/", users.user_deactivate_view, name="user-deactivate"),
     path("replay/", replay.replay_jobs, name="replay-jobs"),
     path("replay/new/", replay.replay_new, name="replay-new"),
     path("replay/preview/", replay.replay_preview_view, name="replay-preview"),
