@@ -43,7 +43,7 @@ PYTEST_WORKERS ?= 2
 .PHONY: help venv services stop test run run-ha lint fmt bench bench-peers bench-soak clean
 
 help:
-	@echo "make venv      create .venv and install requirements.txt (only when it changed)"
+	@echo "make venv      create .venv and install requirements-dev.txt (only when it changed)"
 	echo "make services  start project-local PostgreSQL + Redis (scripts/services.sh start)"
 	echo "make stop      stop them"
 	echo "make test      ruff check, ruff format --check, mypy, pytest on $(PYTEST_WORKERS) workers"
@@ -60,14 +60,14 @@ venv: $(STAMP)
 
 # pip's "WARNING: Location ... is ignored" lines (local index config on this
 # machine) are dropped from stderr; everything else and pip's exit code are kept.
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt
 	@if [ ! -x "$(PY)" ]; then
 	  [ -n "$(BOOTSTRAP_PYTHON)" ] || { echo "make: neither python3.11 nor python3 found" >&2; exit 1; }
 	  echo "creating $(VENV) with $(BOOTSTRAP_PYTHON)"
 	  "$(BOOTSTRAP_PYTHON)" -m venv "$(VENV)"
 	fi
-	echo "installing requirements.txt into $(VENV)"
-	{ "$(PY)" -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 1>&3 \
+	echo "installing requirements-dev.txt (requirements.txt and the test tools) into $(VENV)"
+	{ "$(PY)" -m pip install -q --disable-pip-version-check -r requirements-dev.txt 2>&1 1>&3 \
 	  | { grep -v '^WARNING: Location' || true; } >&2; } 3>&1
 	touch "$@"
 
