@@ -252,6 +252,11 @@ METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.0/
 # the login throttle and the audit log see that address. Empty (the
 # default): X-Forwarded-For, which any client may send, is never read.
 LAZARETTO_TRUSTED_PROXIES = env_networks("LAZARETTO_TRUSTED_PROXIES", [])
+# Where webhooks (a queue's consumer URL, the alarm webhook) may post besides
+# public addresses (broker.outbound): loopback, link-local, private,
+# multicast and unspecified addresses are refused unless their network is
+# listed here (CIDR, comma-separated; make run lists what its demo needs).
+LAZARETTO_WEBHOOK_ALLOWED_NETWORKS = env_networks("LAZARETTO_WEBHOOK_ALLOWED_NETWORKS", [])
 
 # Lazaretto's own defaults.
 LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
