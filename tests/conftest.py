@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ from rest_framework.test import APIClient
 
 from broker.consumers import load_consumer_modules
 from broker.models import Queue
-from broker.services.publish import NewMessage, messages_publish
+from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from console.tokens import token_create
 from tests.harness import RedisServer, Workers, database_url_for_workers, point_celery_at
+from tests.support.publishing import published
+from tests.support.webhooks import WebhookServer, silent_receiver
 
 # The suite's consumers are the demo's, a consumer module like any user's:
 # `make run` names it in LAZARETTO_CONSUMER_MODULES, and so do the worker
@@ -98,11 +101,48 @@ def publish(db: None) -> Callable[..., list[int]]:
     """Publish ``count`` small text messages to a queue; returns their ids."""
 
     def _publish(queue: Queue, count: int = 1, payload: bytes = b"hello") -> list[int]:
-        return messages_publish(
-            queue_name=queue.name, messages=[NewMessage(payload=payload)] * count
-        )
+        return published(queue, count, NewMessage(payload=payload))
 
     return _publish
+
+
+@pytest.fixture
+def dumps(settings: Any, tmp_path: Path) -> Path:
+    """DUMP_DIR in this test's own directory: the dump files it finds there
+    are its own."""
+    settings.DUMP_DIR = tmp_path / "dumps"
+    return settings.DUMP_DIR
+
+
+# --- webhook receivers (tests.support.webhooks) --------------------------------
+
+
+@pytest.fixture
+def make_hook() -> Iterator[Callable[[], WebhookServer]]:
+    """Start a webhook receiver on a free port, as many as a test asks for;
+    all are stopped at the end."""
+    with ExitStack() as running:
+
+        def make() -> WebhookServer:
+            server = WebhookServer()
+            server.start()
+            running.callback(server.stop)
+            return server
+
+        yield make
+
+
+@pytest.fixture
+def hook(make_hook: Callable[[], WebhookServer]) -> WebhookServer:
+    """A webhook receiver that answers 204 at once (a test may change that)."""
+    return make_hook()
+
+
+@pytest.fixture
+def silent_hook() -> Iterator[str]:
+    """The URL of a webhook that accepts the connection and never says a word."""
+    with silent_receiver() as url:
+        yield url
 
 
 @pytest.fixture

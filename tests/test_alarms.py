@@ -3,18 +3,12 @@ real HTTP servers on 127.0.0.1, and the dashboard's "Last quarantines" panel."""
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -28,6 +22,7 @@ from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_purge_poison, messages_quarantine
 from broker.services.transitions.in_flight import messages_claim
 from tests.harness import free_port, point_celery_at, wait_until
+from tests.support.webhooks import WebhookServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 N = NotificationState
@@ -35,85 +30,10 @@ S = MessageState
 
 
 @pytest.fixture(autouse=True)
-def dumps(settings, tmp_path: Path) -> Path:
-    settings.DUMP_DIR = tmp_path / "dumps"
+def alarm_settings(settings, dumps: Path) -> None:
+    """No installation-wide alarm webhook, a 2 s timeout, dumps of the test's own."""
     settings.LAZARETTO_ALARM_WEBHOOK_URL = ""
     settings.LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS = 2.0
-    return settings.DUMP_DIR
-
-
-@dataclass
-class Hook:
-    """An alarm webhook: records every POST, answers ``status`` after
-    ``delay`` seconds. ``start`` on a given port brings it up where it was
-    down."""
-
-    port: int = 0
-    status: int = 204
-    delay: float = 0.0
-    received: list[dict[str, Any]] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/alarms"
-
-    def start(self) -> None:
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                hook.received.append({"body": json.loads(body), "headers": dict(self.headers)})
-                time.sleep(hook.delay)
-                self.send_response(hook.status)
-                if 300 <= hook.status < 400:
-                    self.send_header("Location", "/elsewhere")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-
-@pytest.fixture
-def hook() -> Iterator[Hook]:
-    hook = Hook()
-    hook.start()
-    yield hook
-    hook.stop()
-
-
-@pytest.fixture
-def silent_hook() -> Iterator[str]:
-    """A webhook that accepts the connection and never says a word."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}/alarms"
-    listener.close()
-    for sock in held:
-        sock.close()
 
 
 def quarantine_one(queue: Queue, reason: str = "crashed 2 times") -> int:
@@ -149,7 +69,7 @@ def test_an_alarm_is_posted_once_with_its_details_and_marked_sent(hook, settings
 
     assert result.sent == [alarm.id]
     [request] = hook.received
-    assert request["body"] == {
+    assert request.json() == {
         "event": "poison_message",
         "action": "quarantine",
         "queue": "ORDERS.IN",
@@ -162,8 +82,8 @@ def test_an_alarm_is_posted_once_with_its_details_and_marked_sent(hook, settings
         "time": alarm.created_at.isoformat(),
         "instance": "QM1",
     }
-    assert request["headers"]["Content-Type"] == "application/json"
-    assert request["headers"]["Lazaretto-Alarm-Id"] == str(alarm.id)
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["Lazaretto-Alarm-Id"] == str(alarm.id)
     alarm.refresh_from_db()
     assert alarm.notification == N.SENT
     assert alarm.notified_at is not None
@@ -184,12 +104,12 @@ def test_a_purged_poison_message_is_announced_too(hook):
     alarms_notify_due()
 
     [request] = hook.received
-    assert (request["body"]["action"], request["body"]["message_id"]) == ("purge", message_id)
+    assert (request.json()["action"], request.json()["message_id"]) == ("purge", message_id)
     assert PoisonAlarm.objects.get().notification == N.SENT
 
 
 def test_a_webhook_that_is_down_is_retried_later_and_sent_once_it_is_up():
-    down = Hook(port=free_port())
+    down = WebhookServer(port=free_port())
     queue = queue_create(name="ORDERS.IN", consumer="noop", alarm_webhook_url=down.url)
     message_id = quarantine_one(queue)
 
@@ -216,7 +136,7 @@ def test_a_webhook_that_is_down_is_retried_later_and_sent_once_it_is_up():
     finally:
         down.stop()
     [request] = down.received
-    assert request["body"]["message_id"] == message_id
+    assert request.json()["message_id"] == message_id
     alarm.refresh_from_db()
     assert (alarm.notification, alarm.notify_attempts) == (N.SENT, 2)
     assert Message.objects.get(id=message_id).state == S.NOT_DELIVERABLE
@@ -291,23 +211,17 @@ def test_without_any_webhook_the_alarm_is_kept_and_nothing_is_posted(hook):
     assert hook.received == []
 
 
-def test_a_queues_own_webhook_wins_over_the_installations(settings):
-    installation, own = Hook(), Hook()
-    installation.start()
-    own.start()
-    try:
-        settings.LAZARETTO_ALARM_WEBHOOK_URL = installation.url
-        mine = queue_create(name="MINE.IN", consumer="noop", alarm_webhook_url=own.url)
-        other = queue_create(name="OTHER.IN", consumer="noop")
-        mine_id, other_id = quarantine_one(mine), quarantine_one(other)
+def test_a_queues_own_webhook_wins_over_the_installations(settings, make_hook):
+    installation, own = make_hook(), make_hook()
+    settings.LAZARETTO_ALARM_WEBHOOK_URL = installation.url
+    mine = queue_create(name="MINE.IN", consumer="noop", alarm_webhook_url=own.url)
+    other = queue_create(name="OTHER.IN", consumer="noop")
+    mine_id, other_id = quarantine_one(mine), quarantine_one(other)
 
-        alarms_notify_due()
-    finally:
-        installation.stop()
-        own.stop()
+    alarms_notify_due()
 
-    assert [r["body"]["message_id"] for r in own.received] == [mine_id]
-    assert [r["body"]["message_id"] for r in installation.received] == [other_id]
+    assert [r.json()["message_id"] for r in own.received] == [mine_id]
+    assert [r.json()["message_id"] for r in installation.received] == [other_id]
     assert set(PoisonAlarm.objects.values_list("notification", flat=True)) == {N.SENT}
 
 
@@ -331,7 +245,7 @@ def test_two_runners_at_once_post_each_alarm_only_once(hook):
     for thread in threads:
         thread.join(timeout=30)
 
-    assert Counter(r["body"]["message_id"] for r in hook.received) == Counter(message_ids)
+    assert Counter(r.json()["message_id"] for r in hook.received) == Counter(message_ids)
     assert sorted(result.busy for result in results) == [False, True]
     assert set(PoisonAlarm.objects.values_list("notification", flat=True)) == {N.SENT}
 

@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from broker.models import Message
-from tests.walk import blacklisted
+from tests.support.messages import quarantined
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,7 @@ def test_it_lists_newest_first_with_cursor_pagination(viewer_api, orders, publis
 
 def test_it_filters_by_state(viewer_api, orders, publish):
     ids = publish(orders, 6)
-    blacklisted(ids[:2])
+    quarantined(ids[:2])
 
     body = viewer_api.get("/api/v1/queues/ORDERS.IN/messages/?state=NDLV").json()
 

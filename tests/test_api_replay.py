@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from broker.models import AuditEvent, ReplayJob, ReplayJobStatus
 from broker.services.queues import queue_create
-from tests.walk import dead_lettered
+from tests.support.messages import dead_lettered
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 import pytest
 
 from broker.models import AuditEvent, Message, RuleTable
-from tests.walk import dead_lettered
+from tests.support.messages import dead_lettered
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from broker.services.bulk import bulk_job_run
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
-from tests.test_bulk import blacklisted
-from tests.walk import dead_lettered
+from tests.support.archive import DAY, archived, message_row
+from tests.support.messages import blacklisted, dead_lettered
 
 pytestmark = pytest.mark.django_db
 
@@ -357,8 +357,6 @@ def test_the_audit_log_filters_by_actor_action_queue_and_message(viewer_api, ope
 def test_the_archive_search_pages_a_queues_archived_messages(
     viewer_api, orders, settings, tmp_path
 ):
-    from tests.test_console_replay import DAY, archived, message_row
-
     settings.ARCHIVE_DIR = tmp_path
     archived(
         tmp_path,

@@ -28,7 +28,8 @@ from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from broker.services.replay import ReplayFilter, ReplaySpec, replay_job_submit
 from broker.services.transitions.blacklist import messages_fail
-from tests.walk import blacklisted, claimed, delivered, published
+from tests.support.messages import claimed, delivered, quarantined
+from tests.support.publishing import published
 from workers.pipeline import archive_launch, replay_job_launch
 
 S = MessageState
@@ -60,7 +61,7 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     aged(long_kept, 10)
     [failed] = published(orders, 1, ARCHIVED)
     claimed(orders, 1)
-    blacklisted([failed])
+    quarantined([failed])
     messages_fail(message_ids=[failed], actor=None, reason="bad data")
     aged([failed], 10)
     monkeypatch.setenv("LAZARETTO_ARCHIVE_CHUNK_ROWS", "8000")

@@ -7,33 +7,16 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from django.test import Client
 
 from broker.models import AuditEvent, BulkJob, Message
 from broker.selectors import MessageFilter
 from broker.services.bulk import bulk_job_run, bulk_job_submit, bulk_preview
-from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.transitions.blacklist import messages_quarantine
 from tests.harness import wait_until
+from tests.support.console import logged_in
+from tests.support.messages import blacklisted
 
 pytestmark = pytest.mark.django_db
-
-
-def blacklisted(queue_name: str, count: int) -> list[int]:
-    ids: list[int] = []
-    for start in range(0, count, 1000):
-        ids += messages_publish(
-            queue_name=queue_name, messages=[NewMessage(payload=b"x")] * min(1000, count - start)
-        )
-    messages_quarantine(reasons=dict.fromkeys(ids, "crashed twice"))
-    return ids
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def test_a_job_fails_every_blacklisted_message_the_filter_matches(orders, operator):

@@ -6,24 +6,18 @@ import re
 from html import unescape
 
 import pytest
-from django.test import Client
 
 from broker.models import AuditEvent, Message, Queue, RuleTable
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
 from console.views import dead_letters as dead_letter_views
-from tests.walk import dead_lettered
+from tests.support.console import error_beside, logged_in
+from tests.support.messages import dead_lettered
 
 pytestmark = pytest.mark.django_db
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 BASE = f"/dead-letters/{DLQ}/"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -168,12 +162,6 @@ def test_viewers_check_but_do_not_save(viewer, dead):
 
 def test_a_standard_queue_has_no_dead_letter_pages(viewer, orders):
     assert logged_in(viewer).get("/dead-letters/ORDERS.IN/").status_code == 404
-
-
-def error_beside(html: str, field: str) -> str:
-    match = re.search(rf'id="id_{field}-error">([^<]*)<', html)
-    assert match, f"no error beside {field}"
-    return unescape(match.group(1))
 
 
 @pytest.mark.parametrize("intent", ["activate", "save"])

@@ -8,22 +8,16 @@ import re
 from html import unescape
 
 import pytest
-from django.test import Client
 
 from broker.models import BulkJob, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.rule_tables import rule_table_create
 from broker.services.topics import subscription_create, topic_create
 from broker.services.transitions.blacklist import messages_quarantine
+from tests.support.console import logged_in
 
 pytestmark = pytest.mark.django_db
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def detail(html: str) -> str:

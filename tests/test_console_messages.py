@@ -7,31 +7,19 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from broker.models import AuditEvent, Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.transitions.blacklist import messages_quarantine
+from tests.support.console import logged_in
+from tests.support.messages import blacklisted
 
 pytestmark = pytest.mark.django_db
 S = MessageState
 
 
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def shown_ids(html: str) -> list[int]:
     return [int(i) for i in re.findall(r'<tr (?:id="message-\d+" )?data-message="(\d+)"', html)]
-
-
-def blacklisted(queue_name: str, count: int = 1, payload: bytes = b"{}") -> list[int]:
-    ids = messages_publish(queue_name=queue_name, messages=[NewMessage(payload=payload)] * count)
-    messages_quarantine(reasons=dict.fromkeys(ids, "crashed twice"))
-    return ids
 
 
 def test_the_browser_pages_newest_first_by_keyset(viewer, orders, publish):

@@ -3,52 +3,21 @@ resubmit of a blacklisted message."""
 
 from __future__ import annotations
 
-import re
 from html import unescape
 
 import pytest
-from django.test import Client
 
 from broker.models import AuditEvent, Message, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.transitions.blacklist import messages_quarantine
+from tests.support.console import QUEUE_SETTINGS_FORM, error_beside, logged_in
 
 pytestmark = pytest.mark.django_db
 
 
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def error_beside(html: str, field: str) -> str:
-    match = re.search(rf'id="id_{field}-error">([^<]*)<', html)
-    assert match, f"no error beside {field}"
-    return unescape(match.group(1))
-
-
-SETTINGS = {
-    "description": "Orders",
-    "consumer": "noop",
-    "webhook_timeout": "10",
-    "batch_size": "10",
-    "lease_seconds": "30",
-    "retry_limit": "3",
-    "retry_backoff_seconds": "1",
-    "crash_threshold": "2",
-    "poison_limit": "5",
-    "suspect_delay_seconds": "1",
-    "poison_action": "quarantine",
-    "alarm_webhook_url": "",
-    "max_payload_bytes": "1048576",
-    "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE",
-}
-
-
 def test_an_admin_changes_settings(admin, orders):
     response = logged_in(admin).post(
-        "/queues/ORDERS.IN/settings/", {**SETTINGS, "batch_size": "25"}
+        "/queues/ORDERS.IN/settings/", {**QUEUE_SETTINGS_FORM, "batch_size": "25"}
     )
 
     assert response.status_code == 302
@@ -63,7 +32,7 @@ def test_an_admin_chooses_to_purge_poison_and_names_an_alarm_webhook(admin, orde
     response = logged_in(admin).post(
         "/queues/ORDERS.IN/settings/",
         {
-            **SETTINGS,
+            **QUEUE_SETTINGS_FORM,
             "poison_action": "purge",
             "alarm_webhook_url": "https://alarms.example.com/hook",
         },
@@ -96,7 +65,7 @@ def test_bad_settings_are_shown_beside_their_field_and_change_nothing(
 ):
     html = (
         logged_in(admin)
-        .post("/queues/ORDERS.IN/settings/", {**SETTINGS, field: value})
+        .post("/queues/ORDERS.IN/settings/", {**QUEUE_SETTINGS_FORM, field: value})
         .content.decode()
     )
 
@@ -140,7 +109,7 @@ def test_a_viewer_sees_the_queue_but_cannot_change_it(viewer, orders):
     assert "Save settings" not in page
     assert "Purge" not in page
     assert client.post("/queues/ORDERS.IN/pause/", {"paused": "1"}).status_code == 403
-    assert client.post("/queues/ORDERS.IN/settings/", SETTINGS).status_code == 403
+    assert client.post("/queues/ORDERS.IN/settings/", QUEUE_SETTINGS_FORM).status_code == 403
     assert client.post("/queues/ORDERS.IN/purge/", {"confirmation": "ORDERS.IN"}).status_code == 403
     assert not Queue.objects.get(name="ORDERS.IN").paused
 

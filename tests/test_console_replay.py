@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from html import unescape
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from broker.models import Queue, ReplayedMessage, ReplayJob
-from broker.services.archive import SCHEMA
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.replay import ReplaySpec, replay_job_submit
-from tests.walk import dead_lettered
+from tests.support.archive import DAY, archived, message_row
+from tests.support.console import error_beside, logged_in
+from tests.support.messages import dead_lettered
 
 pytestmark = pytest.mark.django_db
 
@@ -30,21 +28,9 @@ DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 HX = {"HX-Request": "true"}
 
 
-def logged_in(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def job_form(**values: Any) -> dict[str, Any]:
     """A valid dead-letter replay job as the form posts it, changed by ``values``."""
     return {"source": "dead_letter", "source_queue": DLQ, **values}
-
-
-def field_error(html: str, field: str) -> str:
-    """The text of the error shown beside ``field`` ('' when none)."""
-    match = re.search(rf'<p class="error" id="id_{field}-error"[^>]*>(.*?)</p>', html, re.S)
-    return unescape(match.group(1)) if match else ""
 
 
 def a_job(operator: User, **spec: Any) -> ReplayJob:
@@ -168,7 +154,7 @@ def test_a_bad_job_shows_the_error_beside_its_field_and_writes_nothing(
 
     html = response.content.decode()
     assert response.status_code == 200
-    assert said in field_error(html, field)
+    assert said in error_beside(html, field)
     assert "Nothing was submitted" in html
     assert "data-preview-count" not in html
     assert not ReplayJob.objects.exists()
@@ -179,7 +165,7 @@ def test_every_rules_error_is_shown_with_its_line(operator):
 
     html = logged_in(operator).post("/replay/new/", job_form(rules_text=rules)).content.decode()
 
-    shown = field_error(html, "rules_text")
+    shown = error_beside(html, "rules_text")
     assert "line 1, column" in shown
     assert "line 3, column" in shown
     assert "<br>" in shown  # one error a line
@@ -435,46 +421,6 @@ def test_the_job_list_shows_recent_jobs_newest_first(operator, viewer):
 
 
 # --- the archive --------------------------------------------------------------------
-
-
-def archived(
-    root: Path,
-    queue: str,
-    rows: list[dict[str, Any]],
-) -> None:
-    """Write ``rows`` to the archive as the archive job lays it out: one
-    Parquet file per queue and (UTC) day of publication."""
-    by_day: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_day.setdefault(row["created_at"].date().isoformat(), []).append(row)
-    for day, day_rows in by_day.items():
-        directory = root / f"queue={queue}" / f"day={day}"
-        directory.mkdir(parents=True)
-        columns = {
-            name: [row.get(name, DEFAULTS.get(name)) for row in day_rows] for name in SCHEMA.names
-        }
-        pq.write_table(pa.table(columns, schema=SCHEMA), directory / "part-0.parquet")
-
-
-DEFAULTS: dict[str, Any] = {
-    "state": "DLVD",
-    "payload": b"{}",
-    "content_type": "application/json",
-    "headers": "{}",
-    "priority": 0,
-    "attempts": 1,
-    "crash_count": 0,
-    "timeout_count": 0,
-    "dead_letter": None,
-    "last_error": "",
-    "put_application": "test",
-    "put_user": "test",
-}
-DAY = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
-
-
-def message_row(message_id: int, at: datetime, **values: Any) -> dict[str, Any]:
-    return {"id": message_id, "created_at": at, "updated_at": at + timedelta(minutes=1), **values}
 
 
 def test_the_archive_without_files_says_nothing_matches(viewer, orders, settings, tmp_path):

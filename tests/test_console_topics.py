@@ -1,7 +1,6 @@
 """Console forms for topics, subscriptions and queue limits."""
 
 import re
-from html import unescape as html_unescape
 
 import pytest
 from django.test import Client
@@ -10,20 +9,9 @@ from broker.models import Queue, Subscription, Topic
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.topics import subscription_create, topic_create
+from tests.support.console import error_beside, logged_in
 
 pytestmark = pytest.mark.django_db
-
-
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def error_beside(html: str, field: str) -> str:
-    match = re.search(rf'id="id_{field}-error">([^<]*)<', html)
-    assert match, f"no error beside {field}"
-    return html_unescape(match.group(1))
 
 
 @pytest.fixture

@@ -6,31 +6,25 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 
 from broker.models import AuditEvent
 from console.roles import Role, user_role
-
-
-def signed_in(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.support.console import error_beside, logged_in
 
 
 def test_only_admins_see_the_page_and_its_link(admin: User, operator: User, viewer: User) -> None:
     for user in (operator, viewer):
-        client = signed_in(user)
+        client = logged_in(user)
         assert client.get("/users/").status_code == 403
         assert 'href="/users/"' not in client.get("/").content.decode()
-    client = signed_in(admin)
+    client = logged_in(admin)
     page = client.get("/users/").content.decode()
     assert f'data-user="{operator.username}"' in page
     assert 'href="/users/"' in client.get("/").content.decode()
 
 
 def test_an_admin_creates_a_user(admin: User) -> None:
-    response = signed_in(admin).post(
+    response = logged_in(admin).post(
         "/users/", {"name": "nina", "role": "operator", "password": "a long pass phrase"}
     )
     assert response.status_code == 200
@@ -61,15 +55,13 @@ def test_bad_input_shows_beside_its_field_and_creates_nothing(
     admin: User, viewer: User, form: dict[str, str], field: str, message: str
 ) -> None:
     count = User.objects.count()
-    page = signed_in(admin).post("/users/", form).content.decode()
-    assert f'id="id_{field}-error"' in page
-    error = page.split(f'id="id_{field}-error">', 1)[1].split("</p>", 1)[0]
-    assert message in error
+    page = logged_in(admin).post("/users/", form).content.decode()
+    assert message in error_beside(page, field)
     assert User.objects.count() == count
 
 
 def test_an_admin_changes_a_role_and_deactivates(admin: User, operator: User) -> None:
-    client = signed_in(admin)
+    client = logged_in(admin)
     client.post(f"/users/{operator.username}/role/", {"role": "viewer"})
     assert user_role(User.objects.get(id=operator.id)) == Role.VIEWER
     client.post(f"/users/{operator.username}/deactivate/")
@@ -83,7 +75,7 @@ def test_an_admin_changes_a_role_and_deactivates(admin: User, operator: User) ->
 
 
 def test_the_last_admin_is_not_demoted_and_the_page_says_why(admin: User) -> None:
-    client = signed_in(admin)
+    client = logged_in(admin)
     page = client.post(f"/users/{admin.username}/role/", {"role": "viewer"}, follow=True)
     assert "is the only active admin" in page.content.decode()
     assert user_role(User.objects.get(id=admin.id)) == Role.ADMIN

@@ -18,6 +18,7 @@ from broker.models import Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from tests.harness import ROOT, RedisServer, Workers, wait_until
+from tests.support.processes import manage
 
 S = MessageState
 
@@ -138,20 +139,9 @@ def test_a_queue_may_name_a_handler_of_a_loaded_module_and_not_of_an_unloaded_on
     assert "billing.invoice, billing.refund" in refused.json()["field_errors"]["consumer"][0]
 
 
-def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={**os.environ, "DEBUG": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 @pytest.mark.slow
 def test_the_console_process_loads_the_modules_the_variable_names(site: Path):
-    result = run_manage(
+    result = manage(
         "shell",
         "-c",
         "from broker.consumers import handler_names; print(handler_names())",
@@ -252,7 +242,7 @@ def test_a_handler_name_registered_twice_stops_the_worker(
 @pytest.mark.slow
 @pytest.mark.parametrize("value", ["billing consumers", "billing_consumers,,demo_consumers"])
 def test_a_value_that_is_not_a_list_of_module_names_stops_start_up(value):
-    result = run_manage("check", LAZARETTO_CONSUMER_MODULES=value)
+    result = manage("check", LAZARETTO_CONSUMER_MODULES=value)
 
     assert result.returncode != 0
     assert "LAZARETTO_CONSUMER_MODULES" in result.stderr
@@ -260,7 +250,7 @@ def test_a_value_that_is_not_a_list_of_module_names_stops_start_up(value):
 
 @pytest.mark.slow
 def test_the_demo_command_says_which_module_it_needs():
-    result = run_manage("demo", LAZARETTO_CONSUMER_MODULES="")
+    result = manage("demo", LAZARETTO_CONSUMER_MODULES="")
 
     assert result.returncode != 0
     assert "set LAZARETTO_CONSUMER_MODULES=demo_consumers" in result.stderr

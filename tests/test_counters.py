@@ -9,19 +9,16 @@ import pytest
 from django.db import connection, transaction
 
 from broker.models import Message, MessageState, QueueDepth, QueueMinute, QueueTotal
-from broker.selectors import last_hour, queue_counts, queue_depths
+from broker.selectors import last_hour, queue_depths
 from broker.services.counters import FOLD_LOCK_KEY, counters_fold
-from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create, queue_delete
 from broker.services.stats import minute_count
 from tests.harness import database_url_for_workers
+from tests.support.messages import totals
+from tests.support.publishing import published
 from workers.tasks import sweep
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def publish(name: str, count: int) -> list[int]:
-    return messages_publish(queue_name=name, messages=[NewMessage(payload=b"{}")] * count)
 
 
 def pending() -> tuple[int, int]:
@@ -32,11 +29,6 @@ def pending() -> tuple[int, int]:
             " (SELECT count(*) FROM broker_queuecountdelta)"
         )
         return cursor.fetchone()
-
-
-def totals(name: str) -> dict[str, int]:
-    [counts] = [counts for counts in queue_counts() if counts.name == name]
-    return counts.totals
 
 
 def chart() -> tuple[int, int]:
@@ -51,7 +43,7 @@ def folded_depths(queue_id: int) -> dict[str, int]:
 
 def test_figures_are_exact_before_and_after_a_fold_which_empties_the_changes():
     queue = queue_create(name="Q")
-    ids = publish("Q", 10)
+    ids = published("Q", 10)
     Message.objects.filter(id__in=ids[:3]).update(state=MessageState.NOT_DELIVERABLE)
     Message.objects.filter(id__in=ids[3:4]).delete()
     expected = dict.fromkeys(MessageState.values, 0) | {"TBDL": 6, "NDLV": 3}
@@ -77,9 +69,9 @@ def test_figures_are_exact_before_and_after_a_fold_which_empties_the_changes():
 
 def test_a_fold_adds_to_what_earlier_folds_left():
     queue = queue_create(name="Q")
-    publish("Q", 4)
+    published("Q", 4)
     counters_fold()
-    publish("Q", 5)
+    published("Q", 5)
 
     assert queue_depths(queue_ids=[queue.id])[queue.id]["TBDL"] == 9
     assert totals("Q")["published"] == 9
@@ -90,11 +82,11 @@ def test_a_fold_adds_to_what_earlier_folds_left():
 
 def test_writers_of_one_queue_do_not_wait_for_each_other():
     queue = queue_create(name="Q")
-    [waiting] = publish("Q", 1)
+    [waiting] = published("Q", 1)
     with psycopg.connect(database_url_for_workers(), autocommit=True) as other:
         other.execute("SET lock_timeout = '2s'")
         with transaction.atomic():
-            publish("Q", 1)  # TBDL +1 and a published count, not committed
+            published("Q", 1)  # TBDL +1 and a published count, not committed
             # Another transaction takes a waiting message of the same queue
             # out of TBDL and counts it, while the first is still open.
             other.execute("UPDATE broker_message SET state = 'NDLV' WHERE id = %s", [waiting])
@@ -113,7 +105,7 @@ def test_writers_of_one_queue_do_not_wait_for_each_other():
 
 def test_a_fold_leaves_what_has_not_committed_for_the_next_one():
     queue = queue_create(name="Q")
-    [message_id] = publish("Q", 1)
+    [message_id] = published("Q", 1)
     counters_fold()
     with psycopg.connect(database_url_for_workers()) as other:
         other.execute("UPDATE broker_message SET state = 'NDLV' WHERE id = %s", [message_id])
@@ -131,7 +123,7 @@ def test_a_fold_leaves_what_has_not_committed_for_the_next_one():
 
 def test_one_fold_at_a_time():
     queue_create(name="Q")
-    publish("Q", 3)
+    published("Q", 3)
     with psycopg.connect(database_url_for_workers()) as other:
         other.execute("SELECT pg_advisory_xact_lock(%s)", [FOLD_LOCK_KEY])
         assert counters_fold() is False
@@ -142,7 +134,7 @@ def test_one_fold_at_a_time():
 
 def test_a_deleted_queue_leaves_no_changes_behind_and_no_error():
     queue = queue_create(name="Q")
-    publish("Q", 2)
+    published("Q", 2)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue.id])
     queue_delete(queue=queue)
@@ -155,7 +147,7 @@ def test_a_deleted_queue_leaves_no_changes_behind_and_no_error():
 
 def test_the_sweep_folds_the_counters():
     queue = queue_create(name="Q")
-    publish("Q", 3)
+    published("Q", 3)
 
     sweep()
 

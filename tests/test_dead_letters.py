@@ -21,8 +21,8 @@ from broker.services.rule_tables import (
     rule_table_create,
     rule_table_rollback,
 )
-from tests import walk
 from tests.harness import ROOT, database_url_for_workers, wait_until
+from tests.support import messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -33,7 +33,7 @@ def dead_lettered(
 ) -> list[int]:
     """Messages as the delivery engine dead-letters them: published to
     ``original``, claimed, then moved to the dead-letter queue with a header."""
-    return walk.dead_lettered(Queue.objects.get(name=original), count, reason=reason, **headers)
+    return messages.dead_lettered(Queue.objects.get(name=original), count, reason=reason, **headers)
 
 
 def activate(text: str) -> RuleTable:
@@ -234,7 +234,7 @@ def test_wait_no_keeps_retrying_at_retryint_until_the_action_succeeds():
             timeout=30,
             what="the first failed retry",
         )
-        walk.delivered(Queue.objects.get(name="ORDERS.IN"), 1)  # room again
+        messages.delivered(Queue.objects.get(name="ORDERS.IN"), 1)  # room again
 
         output = handler.communicate(timeout=30)[0].decode()
     finally:

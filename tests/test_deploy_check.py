@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.harness import ROOT, free_port
+from tests.support.processes import manage
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,7 @@ def production(**overrides: str) -> dict[str, str]:
 
 
 def check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage("check", "--deploy", "--fail-level", "WARNING", environ=env, timeout=120)
 
 
 def test_check_deploy_is_clean_with_production_settings():

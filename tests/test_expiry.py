@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.db.models import F
@@ -22,19 +21,14 @@ from broker.services.rule_tables import rule_table_create_and_activate
 from broker.services.topics import subscription_create, topic_create
 from broker.services.transitions.expiry import messages_expire
 from tests.harness import wait_until
-from tests.walk import claimed
+from tests.support.messages import claimed
 
+pytestmark = pytest.mark.usefixtures("dumps")
 S = MessageState
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 
 
-@pytest.fixture(autouse=True)
-def dumps(settings, tmp_path: Path) -> Path:
-    settings.DUMP_DIR = tmp_path / "dumps"
-    return settings.DUMP_DIR
-
-
-def publish(queue_name: str, expires_in_seconds: float | None = 60, **fields) -> int:
+def publish_expiring(queue_name: str, expires_in_seconds: float | None = 60, **fields) -> int:
     [message_id] = messages_publish(
         queue_name=queue_name,
         messages=[NewMessage(payload=b"x", expires_in_seconds=expires_in_seconds, **fields)],
@@ -62,8 +56,8 @@ def where(message_id: int) -> tuple[str, str]:
 
 @pytest.mark.django_db
 def test_publishing_sets_the_expiry_from_the_publish_time(orders):
-    expiring = publish("ORDERS.IN", 90.5)
-    lasting = publish("ORDERS.IN", None)
+    expiring = publish_expiring("ORDERS.IN", 90.5)
+    lasting = publish_expiring("ORDERS.IN", None)
 
     message = Message.objects.get(id=expiring)
     assert message.expires_at == message.created_at + timedelta(seconds=90.5)
@@ -72,7 +66,7 @@ def test_publishing_sets_the_expiry_from_the_publish_time(orders):
 
 @pytest.mark.django_db
 def test_an_expired_message_moves_to_the_dead_letter_queue_with_reason_expired(orders):
-    expired = publish("ORDERS.IN", content_type="application/json")
+    expired = publish_expiring("ORDERS.IN", content_type="application/json")
     time_is_up(expired)
 
     assert messages_expire() == [expired]
@@ -97,8 +91,8 @@ def test_an_expired_message_moves_to_the_dead_letter_queue_with_reason_expired(o
 
 @pytest.mark.django_db
 def test_an_unexpired_message_stays_where_it_is(orders):
-    waiting = publish("ORDERS.IN", 60)
-    lasting = publish("ORDERS.IN", None)
+    waiting = publish_expiring("ORDERS.IN", 60)
+    lasting = publish_expiring("ORDERS.IN", None)
 
     assert messages_expire() == []
 
@@ -108,7 +102,7 @@ def test_an_unexpired_message_stays_where_it_is(orders):
 
 @pytest.mark.django_db
 def test_it_moves_at_most_limit_messages_per_call(orders):
-    ids = [publish("ORDERS.IN") for _ in range(3)]
+    ids = [publish_expiring("ORDERS.IN") for _ in range(3)]
     time_is_up(*ids)
 
     first = messages_expire(limit=2)
@@ -121,7 +115,7 @@ def test_it_moves_at_most_limit_messages_per_call(orders):
 @pytest.mark.django_db
 def test_an_expired_message_of_a_queue_without_a_dead_letter_queue_is_blacklisted(db):
     queue_create(name="NO.DLQ", consumer="log", dead_letter_queue=None)
-    expired = publish("NO.DLQ")
+    expired = publish_expiring("NO.DLQ")
     time_is_up(expired)
 
     assert messages_expire() == [expired]
@@ -134,8 +128,8 @@ def test_an_expired_message_of_a_queue_without_a_dead_letter_queue_is_blackliste
 
 @pytest.mark.django_db
 def test_an_expired_message_is_never_claimed(orders):
-    expired = publish("ORDERS.IN")
-    fresh = publish("ORDERS.IN")
+    expired = publish_expiring("ORDERS.IN")
+    fresh = publish_expiring("ORDERS.IN")
     time_is_up(expired)
 
     assert claimed(orders, 10) == [fresh]
@@ -146,7 +140,7 @@ def test_an_expired_message_is_never_claimed(orders):
 @pytest.mark.django_db
 def test_a_message_on_a_paused_queue_expires_too(db):
     queue_create(name="PAUSED.Q", consumer="log", paused=True)
-    expired = publish("PAUSED.Q")
+    expired = publish_expiring("PAUSED.Q")
     time_is_up(expired)
 
     assert messages_expire() == [expired]
@@ -155,7 +149,7 @@ def test_a_message_on_a_paused_queue_expires_too(db):
 
 @pytest.mark.django_db
 def test_only_waiting_messages_of_standard_queues_expire(orders):
-    in_flight = publish("ORDERS.IN")
+    in_flight = publish_expiring("ORDERS.IN")
     claimed(orders, 1)
     time_is_up(in_flight)
 
@@ -171,7 +165,7 @@ def test_expired_maps_to_mqfb_expiration():
 @pytest.mark.django_db
 def test_a_rule_matching_reason_mqfb_expiration_acts_on_an_expired_message(orders):
     queue_create(name="EXPIRED.PARKED")
-    expired = publish("ORDERS.IN")
+    expired = publish_expiring("ORDERS.IN")
     time_is_up(expired)
     messages_expire()
     rule_table_create_and_activate(
@@ -226,7 +220,7 @@ def test_publishing_refuses_a_bad_expiry_and_writes_nothing(orders, value):
 
 @pytest.mark.django_db
 def test_the_longest_expiry_is_365_days(orders):
-    message_id = publish("ORDERS.IN", 31_536_000)
+    message_id = publish_expiring("ORDERS.IN", 31_536_000)
 
     message = Message.objects.get(id=message_id)
     assert message.expires_at == message.created_at + timedelta(days=365)

@@ -15,7 +15,7 @@ from broker.services.publish import NewMessage, messages_publish, topic_publish
 from broker.services.queues import queue_create
 from broker.services.topics import subscription_create, topic_create
 from broker.services.transitions.dead_lettered import message_forward
-from tests.walk import dead_lettered
+from tests.support.messages import dead_lettered
 
 S = MessageState
 

@@ -9,9 +9,10 @@ from django.db import connection
 
 from broker.services import live_statistics
 from broker.services.live_statistics import live_statistics_refresh
-from broker.services.publish import NewMessage, messages_publish
+from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from broker.services.transitions.in_flight import ACK_SQL
+from tests.support.publishing import published
 from workers.tasks import sweep
 
 pytestmark = [
@@ -26,16 +27,14 @@ def planned_rows() -> float:
         return float(cursor.fetchone()[0])
 
 
-def publish(count: int) -> None:
-    for _ in range(count // 1000):
-        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 100)] * 1000)
+BACKLOG_MESSAGE = NewMessage(payload=b"x" * 100)
 
 
 def emptied_by_a_vacuum() -> None:
     """A backlog delivered, then a VACUUM that finds the partition empty:
     its pages and index pages stay, the planner's count is 0."""
     queue_create(name="Q", consumer="noop")
-    publish(20_000)
+    published("Q", 20_000, BACKLOG_MESSAGE)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM broker_message")
         cursor.execute("VACUUM broker_message_live")
@@ -55,7 +54,7 @@ def ack_plan() -> str:
 def test_a_backlog_the_planner_does_not_count_is_analyzed_and_acked_by_key(monkeypatch):
     monkeypatch.setattr(live_statistics, "MIN_LIVE_MESSAGES", 5_000)
     emptied_by_a_vacuum()
-    publish(20_000)
+    published("Q", 20_000, BACKLOG_MESSAGE)
     # Believing the partition empty, the planner reads an index whole.
     assert "Index Cond: ((id = a.id)" not in ack_plan()
 
@@ -70,7 +69,7 @@ def test_a_backlog_the_planner_does_not_count_is_analyzed_and_acked_by_key(monke
 def test_the_sweeper_refreshes_the_count(monkeypatch):
     monkeypatch.setattr(live_statistics, "MIN_LIVE_MESSAGES", 5_000)
     emptied_by_a_vacuum()
-    publish(20_000)
+    published("Q", 20_000, BACKLOG_MESSAGE)
 
     sweep()
 
@@ -80,7 +79,7 @@ def test_the_sweeper_refreshes_the_count(monkeypatch):
 def test_a_small_backlog_is_left_to_autovacuum(monkeypatch):
     monkeypatch.setattr(live_statistics, "MIN_LIVE_MESSAGES", 5_000)
     emptied_by_a_vacuum()
-    publish(4_000)
+    published("Q", 4_000, BACKLOG_MESSAGE)
 
     assert live_statistics_refresh() is False
     assert planned_rows() == 0

@@ -9,14 +9,14 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
 from broker.models import Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from tests.harness import ROOT, wait_until
+from tests.harness import wait_until
+from tests.support.processes import manage
 
 S = MessageState
 WORKER = re.compile(rf"{re.escape(socket.gethostname())}:(\d+)")
@@ -86,14 +86,7 @@ def log_a_line(**env: str) -> subprocess.CompletedProcess[str]:
         "except ZeroDivisionError:\n"
         "    log.exception('it broke')\n"
     )
-    return subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "DEBUG": "1", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return manage("shell", "-c", code, environ={**os.environ, "DEBUG": "1", **env})
 
 
 @pytest.mark.slow
@@ -126,14 +119,7 @@ def test_text_is_the_default_one_readable_line_with_the_fields_after_the_message
 
 @pytest.mark.slow
 def test_a_bad_log_format_stops_start_up_naming_the_variable():
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env={**os.environ, "DEBUG": "1", "LOG_FORMAT": "xml"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage("check", LOG_FORMAT="xml")
 
     assert result.returncode != 0
     assert "LOG_FORMAT: 'xml' is not valid; expected one of text, json." in result.stderr

@@ -26,7 +26,7 @@ from broker.services.transitions.in_flight import (
     CLAIM_SQL,
 )
 from tests.harness import database_url_for_workers, wait_until
-from tests.test_delivery_service import lease
+from tests.support.messages import claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
@@ -50,7 +50,7 @@ def test_acknowledged_messages_move_to_the_delivered_partition_and_nothing_else_
     ids = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 10)
 
     queue_deliver(queue_id=queue.id, worker="test:1")  # 4 delivered
-    in_flight = lease(queue, 2)  # 2 in flight, their worker gone
+    in_flight = claimed(queue, 2)  # 2 in flight, their worker gone
     Message.objects.filter(id=ids[-1]).update(state=S.NOT_DELIVERABLE)
     message_fail(message_id=ids[-1], actor=None)
 

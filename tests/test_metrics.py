@@ -17,8 +17,10 @@ from broker.services.dead_letters import dead_letter_scan
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
-from tests import walk
 from tests.harness import wait_until
+from tests.support.messages import dead_lettered
+from tests.support.processes import manage
+from tests.support.publishing import published
 
 S = MessageState
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -71,7 +73,7 @@ def test_after_1000_published_1_crash_and_3_dead_lettered_the_metrics_match_the_
     assert dead_letter_queue is not None
     start_workers(concurrency=2, PROMETHEUS_MULTIPROC_DIR=str(shared))
 
-    walk.published(bulk, 1000, NewMessage(payload=b"order"))
+    published(bulk, 1000, NewMessage(payload=b"order"))
     messages_publish(queue_name=crashing.name, messages=[NewMessage(payload=b"CRASH")])
     messages_publish(queue_name=unreadable.name, messages=[NewMessage(payload=b"not json")] * 3)
 
@@ -95,8 +97,8 @@ def test_after_1000_published_1_crash_and_3_dead_lettered_the_metrics_match_the_
             name,
             state,
         )
-    published = {bulk.name: 1000, crashing.name: 1, unreadable.name: 3}
-    for name, count in published.items():
+    published_counts = {bulk.name: 1000, crashing.name: 1, unreadable.name: 3}
+    for name, count in published_counts.items():
         assert value(samples, "lazaretto_messages_published_total", queue=name) == count
     assert Message.objects.filter(queue=bulk).count() == 1000
     assert value(samples, "lazaretto_messages_published_total", queue=dead_letter_queue.name) == 0
@@ -149,8 +151,8 @@ def dead_letter_queue(transactional_db: None) -> Queue:
 def test_the_dead_letter_handlers_actions_are_counted_by_rule_as_its_audit_events(
     dead_letter_queue,
 ):
-    walk.dead_lettered(Queue.objects.get(name="ORDERS.IN"), 2)
-    walk.dead_lettered(Queue.objects.get(name="PARKED.Q"), 1)
+    dead_lettered(Queue.objects.get(name="ORDERS.IN"), 2)
+    dead_lettered(Queue.objects.get(name="PARKED.Q"), 1)
     table = rule_table_create(
         queue=dead_letter_queue,
         text=(
@@ -266,9 +268,7 @@ def test_an_ipv4_mapped_loopback_address_is_loopback(db):
 
 @pytest.mark.slow
 def test_a_bad_allowed_network_stops_start_up_naming_the_variable():
-    from tests.test_settings_env import start
-
-    result = start(METRICS_ALLOWED_NETWORKS="10.0.0.0/8,not-a-network")
+    result = manage("check", METRICS_ALLOWED_NETWORKS="10.0.0.0/8,not-a-network")
 
     assert result.returncode != 0
     assert "METRICS_ALLOWED_NETWORKS: " in result.stderr

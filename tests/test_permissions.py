@@ -26,7 +26,7 @@ from broker.services.rule_tables import rule_table_create
 from broker.services.topics import subscription_create, topic_create
 from console.roles import Role
 from console.tokens import token_create
-from tests.test_bulk import blacklisted
+from tests.support.messages import blacklisted
 
 pytestmark = pytest.mark.django_db
 

@@ -39,7 +39,7 @@ from broker.services.replay import (
     replays_of,
 )
 from tests.harness import wait_until
-from tests.walk import blacklisted, claimed, dead_lettered
+from tests.support.messages import claimed, dead_lettered, quarantined
 from workers.pipeline import replay_job_launch
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -304,7 +304,7 @@ def test_blacklisted_messages_replay_to_their_own_queue_and_their_timeline_says_
     orders = queue_create(name="ORDERS.IN", consumer="")
     ids = messages_publish(queue_name="ORDERS.IN", messages=[NewMessage(payload=b"x")] * 5)
     claimed(orders, 5)
-    blacklisted(ids)
+    quarantined(ids)
     job = run(submit(source="blacklist"))
     assert (job.written, job.per_target) == (5, {"ORDERS.IN": 5})
     assert on("ORDERS.IN", S.NOT_DELIVERABLE) == 5

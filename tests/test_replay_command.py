@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from broker.models import AuditEvent, Message, Queue, QueueKind, ReplayJob, ReplayJobStatus
 from broker.services.archive import SCHEMA
 from broker.services.replay import replay_run_finish, replay_run_progress, replay_run_start
-from tests.walk import dead_lettered
+from tests.support.messages import dead_lettered
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from broker.services.dead_letters import dead_letter_scan
 from broker.services.queues import queue_create
 from broker.services.replay import ReplaySpec, source_query
 from broker.services.rule_tables import rule_table_create_and_activate
-from tests.walk import dead_lettered
+from tests.support.messages import dead_lettered
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 QUEUES = ("ORDERS.IN", "ORDERS.OUT", "BILLING.IN")

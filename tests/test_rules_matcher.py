@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.rules import Rule, RulesTable, matching_rules, parse, reason_code, rule_matches
-
-
-def table_of(text: str) -> RulesTable:
-    result = parse(text)
-    assert result.table is not None, result.errors
-    return result.table
+from broker.rules import Rule, matching_rules, reason_code, rule_matches
+from tests.support.rules import table_of
 
 
 def rule_of(text: str) -> Rule:

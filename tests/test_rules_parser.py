@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.rules import Control, Rule, RuleError, RulesTable, parse, validation_report
+from broker.rules import Control, Rule, RuleError, parse, validation_report
+from tests.support.rules import table_of
 
 TABLE = """\
 * Lazaretto's dead-letter rules.
@@ -28,12 +29,6 @@ APPLIDAT('it''s a  Test'), USERID(?OB) ACTION(FWD) FWDQ(&DESTQ) +
 feedback(mqfb_expiration) MSGTYPE(8) PERSIST(*) REASON( 2030 ) ACTION ( IGNORE )
 ACTION(FWD) FWDQ(REALLY.DEAD.QUEUE) HEADER(YES)
 """
-
-
-def table_of(text: str) -> RulesTable:
-    result = parse(text)
-    assert result.table is not None, result.errors
-    return result.table
 
 
 def errors_of(text: str) -> list[tuple[int, int, str]]:

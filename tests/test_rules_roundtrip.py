@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.rules import SYMBOLIC_NAMES, Control, Rule, RulesTable, export, parse
+from tests.support.rules import table_of
 
 # Lower case, blanks, quotes, commas and parentheses all force quoting.
 NAME_CHARACTERS = "ABQZ09._%az"
@@ -89,12 +90,6 @@ def test_an_exported_table_parses_back_to_the_same_table(table):
 
     assert result.errors == ()
     assert result.table == table
-
-
-def table_of(text: str) -> RulesTable:
-    result = parse(text)
-    assert result.table is not None, result.errors
-    return result.table
 
 
 HAND_WRITTEN = """\

@@ -1,25 +1,10 @@
 """A bad setting stops start-up with a message naming the variable."""
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def start(**overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBUG": "1", **overrides}
-    return subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.support.processes import manage
 
 
 @pytest.mark.slow
@@ -41,7 +26,7 @@ def start(**overrides: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
-    result = start(**{variable: value})
+    result = manage("check", **{variable: value})
 
     assert result.returncode != 0
     assert f"{variable}: " in result.stderr
@@ -53,7 +38,7 @@ def test_a_file_as_dump_dir_is_refused(tmp_path):
     a_file = tmp_path / "dumps"
     a_file.write_text("not a directory")
 
-    result = start(DUMP_DIR=str(a_file))
+    result = manage("check", DUMP_DIR=str(a_file))
 
     assert result.returncode != 0
     assert "DUMP_DIR: " in result.stderr
@@ -62,14 +47,7 @@ def test_a_file_as_dump_dir_is_refused(tmp_path):
 @pytest.mark.slow
 def test_without_debug_a_secret_key_is_required():
     env = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env={**env, "DEBUG": "0"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage("check", environ={**env, "DEBUG": "0"})
 
     assert result.returncode != 0
     assert "SECRET_KEY: not set" in result.stderr
@@ -77,7 +55,8 @@ def test_without_debug_a_secret_key_is_required():
 
 @pytest.mark.slow
 def test_good_values_start(tmp_path):
-    result = start(
+    result = manage(
+        "check",
         SPARK_MASTER="local[2]",
         DUMP_DIR=str(tmp_path),
         ALLOWED_HOSTS="lazaretto.example.com,localhost",

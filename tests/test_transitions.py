@@ -38,17 +38,11 @@ from broker.services.transitions.in_flight import (
 )
 from broker.services.transitions.table import MACHINE, Transition, allows, guard
 from tests.harness import ROOT
-from tests.walk import OWNER, blacklisted, claimed, dead_lettered, delivered
+from tests.support.messages import OWNER, claimed, dead_lettered, delivered, quarantined
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("dumps")]
 S = MessageState
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
-
-
-@pytest.fixture(autouse=True)
-def dumps(settings, tmp_path: Path) -> Path:
-    settings.DUMP_DIR = tmp_path / "dumps"
-    return settings.DUMP_DIR
 
 
 def snapshot(message_id: int) -> dict[str, Any]:
@@ -90,7 +84,7 @@ def test_only_the_lease_owner_settles_a_delivery(orders, publish):
 def test_a_blacklisted_message_cannot_be_acknowledged(orders, publish):
     [message_id] = publish(orders)
     claimed(orders, 1)
-    blacklisted([message_id])
+    quarantined([message_id])
     before = snapshot(message_id)
 
     assert messages_ack(message_ids=[message_id], owner=OWNER) == 0
@@ -100,7 +94,7 @@ def test_a_blacklisted_message_cannot_be_acknowledged(orders, publish):
 
 def test_a_failed_message_is_terminal(orders, publish, operator):
     [message_id] = publish(orders)
-    blacklisted([message_id])
+    quarantined([message_id])
     message_fail(message_id=message_id, actor=operator)
 
     for action in (message_release, message_fail, message_purge):
@@ -114,7 +108,7 @@ def test_a_failed_message_is_terminal(orders, publish, operator):
 def test_release_puts_a_blacklisted_message_back_with_counters_reset(orders, publish, operator):
     [message_id] = publish(orders)
     claimed(orders, 1)
-    blacklisted([message_id])
+    quarantined([message_id])
 
     message = message_release(message_id=message_id, actor=operator, reason="fixed consumer")
 
@@ -153,7 +147,7 @@ def test_refusals_read_as_english(orders, publish, operator, action):
 
 def test_the_set_based_triage_acts_only_on_blacklisted_messages(orders, publish, operator):
     ids = publish(orders, 4)
-    blacklisted(ids[:2])
+    quarantined(ids[:2])
 
     assert messages_release(message_ids=ids, actor=operator) == ids[:2]
     assert messages_fail(message_ids=ids, actor=operator) == []

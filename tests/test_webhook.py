@@ -8,87 +8,34 @@ import hashlib
 import hmac
 import json
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from html import unescape
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from dataclasses import replace
 
 import pytest
-from django.test import Client
 
 from broker.models import AuditEvent, Message, MessageState, Queue
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from tests.harness import free_port, wait_until
-from tests.test_console_queues import SETTINGS as QUEUE_SETTINGS_FORM
+from tests.support.console import QUEUE_SETTINGS_FORM, error_beside, logged_in
+from tests.support.messages import on_the_dead_letter_queue
+from tests.support.webhooks import Post, WebhookServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
 SECRET = "whsec-7f3a9c2e4b1d8a6f"
 
 
-@dataclass
-class Hook:
-    url: str
-    status: int = 204
-    # Seconds the receiver takes before it answers.
-    delay: float = 0.0
-    received: list[dict[str, Any]] = field(default_factory=list)
-
-
-@pytest.fixture
-def make_hook() -> Iterator[Callable[[], Hook]]:
-    servers: list[ThreadingHTTPServer] = []
-
-    def make() -> Hook:
-        hook = Hook(url="")
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                hook.received.append({"body": body, "headers": dict(self.headers)})
-                time.sleep(hook.delay)
-                self.send_response(hook.status)
-                if hook.status in (301, 302):
-                    self.send_header("Location", "/elsewhere")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A client that gave up waiting closed the connection: not news.
-        server.handle_error = lambda *args: None  # type: ignore[method-assign]
-        hook.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/orders"
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return hook
-
-    yield make
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def hook(make_hook: Callable[[], Hook]) -> Hook:
-    return make_hook()
-
-
-def verified(request: dict[str, Any], secret: str, now: float | None = None) -> bool:
+def verified(request: Post, secret: str, now: float | None = None) -> bool:
     """What a receiver does (README, "Signed webhooks"): recompute the
     signature over the timestamp and the raw body, compare in constant time,
     and refuse a timestamp more than 5 minutes from now."""
-    timestamp = request["headers"]["Lazaretto-Timestamp"]
-    signed = timestamp.encode() + b"." + request["body"]
+    timestamp = request.headers["Lazaretto-Timestamp"]
+    signed = timestamp.encode() + b"." + request.body
     expected = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     fresh = abs((now or time.time()) - int(timestamp)) <= 300
-    return hmac.compare_digest(expected, request["headers"]["Lazaretto-Signature"]) and fresh
+    return hmac.compare_digest(expected, request.headers["Lazaretto-Signature"]) and fresh
 
 
 def publish_one(queue_name: str) -> int:
@@ -109,12 +56,12 @@ def test_a_2xx_answer_acknowledges_and_the_post_carries_id_attempt_and_headers(h
 
     assert Message.objects.get(id=message_id).state == S.DELIVERED
     [request] = hook.received
-    assert request["body"] == b'{"order": 7}'
-    assert request["headers"]["Content-Type"] == "application/json"
-    assert request["headers"]["Lazaretto-Message-Id"] == str(message_id)
-    assert request["headers"]["Lazaretto-Attempt"] == "1"
-    assert request["headers"]["Lazaretto-Queue"] == "HOOK.Q"
-    assert json.loads(request["headers"]["Lazaretto-Headers"]) == {"a": "1"}
+    assert request.body == b'{"order": 7}'
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["Lazaretto-Message-Id"] == str(message_id)
+    assert request.headers["Lazaretto-Attempt"] == "1"
+    assert request.headers["Lazaretto-Queue"] == "HOOK.Q"
+    assert json.loads(request.headers["Lazaretto-Headers"]) == {"a": "1"}
 
 
 @pytest.mark.parametrize("status", [500, 404, 302])
@@ -139,25 +86,13 @@ def test_a_refused_connection_is_a_handler_error(db):
     assert "ConnectError" in Message.objects.get(id=message_id).last_error
 
 
-def test_a_receiver_that_never_answers_times_out_as_a_handler_error(db):
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()  # accepts, never answers
-    queue = queue_create(
-        name="HOOK.Q",
-        consumer=f"http://127.0.0.1:{listener.getsockname()[1]}/",
-        webhook_timeout=0.3,
-    )
+def test_a_receiver_that_never_answers_times_out_as_a_handler_error(silent_hook):
+    queue = queue_create(name="HOOK.Q", consumer=silent_hook, webhook_timeout=0.3)
     message_id = publish_one("HOOK.Q")
 
-    try:
-        started = time.monotonic()
-        assert queue_deliver(queue_id=queue.id).retried == 1
-        assert time.monotonic() - started < 3
-    finally:
-        listener.close()
+    started = time.monotonic()
+    assert queue_deliver(queue_id=queue.id).retried == 1
+    assert time.monotonic() - started < 3
     assert "Timeout" in Message.objects.get(id=message_id).last_error
 
 
@@ -172,11 +107,11 @@ def test_a_queue_with_a_secret_signs_each_post_so_the_receiver_can_verify_it(hoo
 
     assert Message.objects.get(id=message_id).state == S.DELIVERED
     [request] = hook.received
-    assert re.fullmatch(r"sha256=[0-9a-f]{64}", request["headers"]["Lazaretto-Signature"])
-    assert abs(int(request["headers"]["Lazaretto-Timestamp"]) - time.time()) < 60
+    assert re.fullmatch(r"sha256=[0-9a-f]{64}", request.headers["Lazaretto-Signature"])
+    assert abs(int(request.headers["Lazaretto-Timestamp"]) - time.time()) < 60
     assert verified(request, SECRET)
     assert not verified(request, "another-secret-of-16-chars")
-    assert not verified({**request, "body": b'{"order": 8}'}, SECRET)
+    assert not verified(replace(request, body=b'{"order": 8}'), SECRET)
     # A replay: the same request sent again ten minutes later.
     assert not verified(request, SECRET, now=time.time() + 600)
 
@@ -188,8 +123,8 @@ def test_a_queue_without_a_secret_posts_unsigned(hook):
     queue_deliver(queue_id=queue.id)
 
     [request] = hook.received
-    assert "Lazaretto-Signature" not in request["headers"]
-    assert "Lazaretto-Timestamp" not in request["headers"]
+    assert "Lazaretto-Signature" not in request.headers
+    assert "Lazaretto-Timestamp" not in request.headers
 
 
 def test_a_changed_secret_signs_the_next_delivery(hook):
@@ -265,11 +200,7 @@ def test_celery_workers_sign_with_the_secret_and_keep_to_the_timeout(make_hook, 
     )
     [request] = signed.received
     assert verified(request, SECRET)
-    dead = wait_until(
-        lambda: Message.objects.filter(id=slow_id, queue__name="SYSTEM.DEAD.LETTER.QUEUE").first(),
-        timeout=30,
-        what="the slow delivery dead-lettered",
-    )
+    dead = on_the_dead_letter_queue(slow_id, what="the slow delivery dead-lettered")
     header = dead.dead_letter or {}
     assert header["reason"] == "handler_error"
     assert "ReadTimeout" in header["error"]
@@ -348,20 +279,8 @@ def test_the_api_refuses_a_secret_too_short_or_too_long(admin_api, hook, secret)
 SETTINGS = {**QUEUE_SETTINGS_FORM, "description": "", "consumer": ""}
 
 
-def logged_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def error_beside(html: str, field: str) -> str:
-    match = re.search(rf'id="id_{field}-error">([^<]*)<', html)
-    assert match, f"no error beside {field}"
-    return unescape(match.group(1))
-
-
 @pytest.fixture
-def hook_queue(hook: Hook) -> Queue:
+def hook_queue(hook: WebhookServer) -> Queue:
     return queue_create(name="HOOK.Q", consumer=hook.url)
 
 

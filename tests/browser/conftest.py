@@ -10,7 +10,8 @@ needs in the test).
   confirm, prompt) is dismissed and fails the test; console errors and
   uncaught page errors are kept in ``browser_log`` and shown with a failure;
   a failed test leaves a screenshot in test-artifacts/<test name>.png.
-- ``login(page, live_server, user, password=None)``: log in through the form.
+
+Tests log in through the form with ``tests.support.browser.login``.
 
 Mark browser tests ``pytest.mark.slow``.
 """
@@ -21,22 +22,21 @@ import os
 import re
 import sys
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from playwright.sync_api import (
     Browser,
     ConsoleMessage,
     Dialog,
     Page,
-    expect,
     sync_playwright,
 )
 from playwright.sync_api import Error as PlaywrightError
 from pytest_django.fixtures import SettingsWrapper
 from pytest_django.live_server_helper import LiveServer
+
+from tests.support.browser import ARTIFACTS_DIR, BrowserLog
 
 CHROMIUM = Path("/usr/bin/chromium")
 # --headless --no-sandbox (we run as root) and no background traffic: the
@@ -53,21 +53,6 @@ CHROMIUM_ARGS = [
 ]
 ACTION_TIMEOUT_MS = 10_000
 NAVIGATION_TIMEOUT_MS = 15_000
-ARTIFACTS_DIR = "test-artifacts"
-
-
-@dataclass
-class BrowserLog:
-    """What the page did that a test did not ask for."""
-
-    dialogs: list[str] = field(default_factory=list)
-    console_errors: list[str] = field(default_factory=list)
-    dialogs_reported: int = 0  # how many of ``dialogs`` already failed the test
-
-    def render(self) -> str:
-        lines = [f"dialog {entry}" for entry in self.dialogs]
-        lines += self.console_errors
-        return "\n".join(lines)
 
 
 _LOG = pytest.StashKey[BrowserLog]()
@@ -202,21 +187,3 @@ def _screenshot(page: Page, request: pytest.FixtureRequest) -> None:
         print(f"browser: no screenshot for {request.node.nodeid}: {error}", file=sys.stderr)
     else:
         print(f"browser: screenshot {path}", file=sys.stderr)
-
-
-def login(
-    page: Page, live_server: LiveServer, user: User | str, password: str | None = None
-) -> None:
-    """Log in through the real login form and wait for the dashboard (``/``).
-    ``user`` is a User or a username; ``password`` defaults to the one
-    tests/conftest.py gives its users (f"{username}-password-1")."""
-    username = user if isinstance(user, str) else user.get_username()
-    if password is None:
-        password = f"{username}-password-1"
-    page.goto(f"{live_server.url}/login/")
-    page.get_by_label("Username", exact=True).fill(username)
-    page.get_by_label("Password", exact=True).fill(password)
-    page.get_by_role("button", name="Log in", exact=True).click()
-    expect(page).to_have_url(f"{live_server.url}/")
-    expect(page.get_by_role("button", name="Log out", exact=True)).to_be_visible()
-    expect(page.locator("#queue-table")).to_be_visible()  # the dashboard's self-refreshing part

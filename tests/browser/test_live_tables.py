@@ -15,10 +15,9 @@ from playwright.sync_api import Locator, Page, Request, Route, expect
 from pytest_django.live_server_helper import LiveServer
 
 from broker.models import BulkJob, Message
-from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.transitions.blacklist import messages_quarantine
-from tests.browser.conftest import BrowserLog, login
+from tests.support.browser import BrowserLog, login
+from tests.support.messages import blacklisted
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.slow
 TWO_POLLS_MS = 5_000
 # A poll comes within 2 s, its answer a moment later.
 NEW_ROW_TIMEOUT_MS = 10_000
-
-
-def _blacklisted(count: int) -> list[int]:
-    """``count`` messages on ORDERS.IN, blacklisted (NDLV)."""
-    ids = messages_publish(queue_name="ORDERS.IN", messages=[NewMessage(payload=b"x")] * count)
-    messages_quarantine(reasons=dict.fromkeys(ids, "crashed twice"))
-    return ids
 
 
 def _row(page: Page, message_id: int) -> Locator:
@@ -47,14 +39,14 @@ def test_ticked_rows_survive_the_blacklist_refresh_and_the_bulk_action_releases_
     page: Page, live_server: LiveServer, operator: User, start_workers
 ) -> None:
     queue_create(name="ORDERS.IN", consumer="noop")
-    ids = _blacklisted(5)
+    ids = blacklisted("ORDERS.IN", 5)
     login(page, live_server, operator)
     page.goto("/blacklist/")
     ticked = [ids[1], ids[3]]
     for message_id in ticked:
         _box(page, message_id).check()
 
-    [late] = _blacklisted(1)  # what a refresh would have had to show
+    [late] = blacklisted("ORDERS.IN", 1)  # what a refresh would have had to show
     page.wait_for_timeout(TWO_POLLS_MS)
 
     for message_id in ticked:
@@ -75,7 +67,7 @@ def test_a_box_ticked_while_a_refresh_is_on_its_way_is_not_wiped_by_its_answer(
     """The trigger filter runs when a poll is sent; the operator may tick a
     box before its answer is back. The answer is then not swapped in."""
     queue_create(name="ORDERS.IN")
-    [first] = _blacklisted(1)
+    [first] = blacklisted("ORDERS.IN", 1)
     login(page, live_server, operator)
     held: list[Route] = []
 
@@ -87,7 +79,7 @@ def test_a_box_ticked_while_a_refresh_is_on_its_way_is_not_wiped_by_its_answer(
 
     page.route("**/blacklist/", hold_the_first_poll)
     page.goto("/blacklist/")
-    [late] = _blacklisted(1)
+    [late] = blacklisted("ORDERS.IN", 1)
     page.wait_for_timeout(3_000)  # the first poll goes out after 2 s
     assert held, "the blacklist polled"
 
@@ -104,12 +96,12 @@ def test_with_nothing_ticked_the_blacklist_shows_a_newly_blacklisted_message_wit
     page: Page, live_server: LiveServer, operator: User, browser_log: BrowserLog
 ) -> None:
     queue_create(name="ORDERS.IN")
-    [first] = _blacklisted(1)
+    [first] = blacklisted("ORDERS.IN", 1)
     login(page, live_server, operator)
     page.goto("/blacklist/")
     expect(_row(page, first)).to_be_visible()
 
-    [late] = _blacklisted(1)
+    [late] = blacklisted("ORDERS.IN", 1)
 
     expect(_row(page, late)).to_be_visible(timeout=NEW_ROW_TIMEOUT_MS)
     assert not browser_log.console_errors  # e.g. console.js missing: the filter would throw
@@ -122,7 +114,7 @@ def test_the_dashboard_still_refreshes_itself(
     login(page, live_server, operator)  # ends on the dashboard
     expect(page.locator('[data-tile="blacklisted"]')).to_have_text("0")
 
-    _blacklisted(1)
+    blacklisted("ORDERS.IN", 1)
 
     expect(page.locator('[data-tile="blacklisted"]')).to_have_text("1", timeout=12_000)
     assert not browser_log.console_errors
@@ -132,11 +124,11 @@ def test_once_its_boxes_are_unticked_again_the_blacklist_refreshes_itself_again(
     page: Page, live_server: LiveServer, operator: User
 ) -> None:
     queue_create(name="ORDERS.IN")
-    [first] = _blacklisted(1)
+    [first] = blacklisted("ORDERS.IN", 1)
     login(page, live_server, operator)
     page.goto("/blacklist/")
     _box(page, first).check()
-    [late] = _blacklisted(1)
+    [late] = blacklisted("ORDERS.IN", 1)
     page.wait_for_timeout(TWO_POLLS_MS)
     expect(_row(page, late)).to_have_count(0)
 
@@ -149,7 +141,7 @@ def test_a_row_reached_with_the_keyboard_keeps_its_focus_while_the_blacklist_wou
     page: Page, live_server: LiveServer, operator: User
 ) -> None:
     queue_create(name="ORDERS.IN")
-    [first] = _blacklisted(1)
+    [first] = blacklisted("ORDERS.IN", 1)
     login(page, live_server, operator)
     page.goto("/blacklist/")
     _box(page, first).focus()
@@ -157,7 +149,7 @@ def test_a_row_reached_with_the_keyboard_keeps_its_focus_while_the_blacklist_wou
     link = _row(page, first).get_by_role("link", name=str(first), exact=True)
     expect(link).to_be_focused()
 
-    [late] = _blacklisted(1)
+    [late] = blacklisted("ORDERS.IN", 1)
     page.wait_for_timeout(TWO_POLLS_MS)
 
     expect(link).to_be_focused()
@@ -203,9 +195,8 @@ def test_filtering_in_place_changes_what_apply_to_all_matching_the_filter_acts_o
 ) -> None:
     queue_create(name="ORDERS.IN")
     queue_create(name="OTHER.IN")
-    _blacklisted(3)
-    [other] = messages_publish(queue_name="OTHER.IN", messages=[NewMessage(payload=b"y")])
-    messages_quarantine(reasons={other: "crashed twice"})
+    blacklisted("ORDERS.IN", 3)
+    [other] = blacklisted("OTHER.IN")
     login(page, live_server, operator)
     page.goto("/blacklist/?queue=ORDERS.IN")
 

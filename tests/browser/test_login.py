@@ -15,7 +15,7 @@ from broker.models import QueueKind
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.topics import topic_create
-from tests.browser.conftest import BrowserLog, login
+from tests.support.browser import BrowserLog, login
 
 pytestmark = pytest.mark.slow
 

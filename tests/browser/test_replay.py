@@ -14,8 +14,8 @@ from pytest_django.live_server_helper import LiveServer
 
 from broker.models import ReplayJob
 from broker.services.queues import queue_create
-from tests.browser.conftest import ARTIFACTS_DIR, login
-from tests.walk import dead_lettered
+from tests.support.browser import ARTIFACTS_DIR, login
+from tests.support.messages import dead_lettered
 from workers.pipeline import replay_job_launch
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from pytest_django.live_server_helper import LiveServer
 from broker.models import Message, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create, queue_update
-from broker.services.transitions.blacklist import messages_quarantine
-from tests.browser.conftest import login
 from tests.harness import wait_until
+from tests.support.browser import login
+from tests.support.messages import blacklisted, quarantined
 
 pytestmark = pytest.mark.slow
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -51,9 +51,8 @@ def test_an_operator_fails_500_blacklisted_messages_by_filter(
 ) -> None:
     queue_create(name="ORDERS.IN")
     queue_create(name="OTHER.IN")
-    ids = messages_publish(queue_name="ORDERS.IN", messages=[NewMessage(payload=b"x")] * 500)
-    [other] = messages_publish(queue_name="OTHER.IN", messages=[NewMessage(payload=b"y")])
-    messages_quarantine(reasons=dict.fromkeys([*ids, other], "crashed twice"))
+    ids = blacklisted("ORDERS.IN", 500)
+    [other] = blacklisted("OTHER.IN")
     start_workers(concurrency=1)
     login(page, live_server, operator)
 
@@ -108,7 +107,7 @@ def test_payloads_that_try_to_run_script_show_as_text(
             NewMessage(payload=payload.encode(), content_type="text/html", headers={"h": payload})
         ],
     )
-    messages_quarantine(reasons={message_id: payload})
+    quarantined([message_id], reason=payload)
     login(page, live_server, viewer)
 
     page.goto(f"/messages/{message_id}/")

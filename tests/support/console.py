@@ -1,0 +1,43 @@
+"""The console as Django's test client sees it: a user's client, and what a
+page says beside a form field."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+
+from django.contrib.auth.models import User
+from django.test import Client
+
+# A queue's settings form, filled in validly (every field the form posts).
+QUEUE_SETTINGS_FORM = {
+    "description": "Orders",
+    "consumer": "noop",
+    "webhook_timeout": "10",
+    "batch_size": "10",
+    "lease_seconds": "30",
+    "retry_limit": "3",
+    "retry_backoff_seconds": "1",
+    "crash_threshold": "2",
+    "poison_limit": "5",
+    "suspect_delay_seconds": "1",
+    "poison_action": "quarantine",
+    "alarm_webhook_url": "",
+    "max_payload_bytes": "1048576",
+    "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE",
+}
+
+
+def logged_in(user: User) -> Client:
+    """A test client with ``user``'s session (no login form, no password)."""
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def error_beside(html: str, field: str) -> str:
+    """The error the form shows beside ``field`` (templates/console/_form.html),
+    its errors one a line joined by ``<br>``; fails the test when there is none."""
+    match = re.search(rf'id="id_{field}-error"[^>]*>(.*?)</p>', html, re.S)
+    assert match, f"no error beside {field}"
+    return unescape(match.group(1))

@@ -1,0 +1,28 @@
+"""``manage.py`` run as a child process, as an operator starts it: for what
+must stop a process at start-up, or a command seen from outside."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from rig.processes import ROOT
+
+
+def manage(
+    *args: str, environ: Mapping[str, str] | None = None, timeout: float = 60, **overrides: str
+) -> subprocess.CompletedProcess[str]:
+    """``python manage.py *args`` in the project, its output captured as text.
+    Its environment is ``environ``, by default this process's with DEBUG on,
+    and ``overrides`` on top."""
+    base = {**os.environ, "DEBUG": "1"} if environ is None else environ
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **overrides},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
