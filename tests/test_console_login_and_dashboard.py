@@ -1,3 +1,5 @@
+"""Logging in to the console through its form, and the dashboard a user lands on."""
+
 import re
 from datetime import timedelta
 

@@ -1,3 +1,5 @@
+"""Topic strings and MQTT-style topic filters: which filter matches which topic."""
+
 import pytest
 
 from broker.topic_grammar import TopicError, filter_levels, topic_levels, topic_matches
