@@ -1,6 +1,8 @@
-"""The delivery path's statements are prepared once per connection: the claim,
-the suspect probe and the ack are planned from a parse PostgreSQL keeps, not
-sent as new text every batch."""
+"""The delivery path's SQL as PostgreSQL prepares and plans it.
+
+Its statements are prepared once per connection: the claim, the suspect probe
+and the ack are planned from a parse PostgreSQL keeps, not sent as new text
+every batch."""
 
 from __future__ import annotations
 

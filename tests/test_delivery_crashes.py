@@ -1,44 +1,37 @@
-"""Poison isolation in seconds, with real Celery worker processes: a batch
-whose consumer crashed comes back as suspects, delivered alone and in
-parallel; the innocent ones are delivered within BlazingMQ's 5 s bound, the
-poison is set aside by its queue's poison action. Every queue setting and
-the sweep and dispatch intervals are the product's defaults unless a test
-says otherwise."""
+"""Real workers whose consumer crashes: the poison set aside, innocents delivered within 5 s."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
-from broker.services.publish import NewMessage, messages_publish
-from broker.services.queues import queue_create
+from broker.services.queues import queue_create, queue_update
 from tests.harness import Workers, wait_until
+from tests.support.messages import settled, states
+from tests.support.publishing import published_each
 
 pytestmark = pytest.mark.slow
 S = MessageState
 
+# A batch whose consumer crashed comes back as suspects, delivered alone and
+# in parallel; the innocent ones are delivered within BlazingMQ's 5 s bound,
+# the poison is set aside by its queue's poison action. Every queue setting
+# and the sweep and dispatch intervals are the product's defaults unless a
+# test says otherwise.
 BLAZINGMQ_BOUND_SECONDS = 5.0
 DEFAULT_INTERVALS = {
     "LAZARETTO_SWEEP_INTERVAL_SECONDS": "1",
     "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "1",
 }
-
-
-def publish(queue: Queue, payloads: list[bytes]) -> list[int]:
-    return messages_publish(
-        queue_name=queue.name, messages=[NewMessage(payload=payload) for payload in payloads]
-    )
-
-
-def settled(queue: Queue, count: int) -> bool:
-    done = Counter(Message.objects.filter(queue=queue).values_list("state", flat=True))
-    return done[S.DELIVERED] + done[S.NOT_DELIVERABLE] == count
 
 
 def crash_detected_at(ids: list[int], timeout: float = 15.0) -> float:
@@ -75,7 +68,7 @@ def isolate(
     """Publish, wait for the crash and for everything to settle; return the
     poison ids, the innocent ids, and the seconds from the crash's detection
     to the last innocent delivered."""
-    ids = publish(queue, payloads)
+    ids = published_each(queue, payloads)
     poison = [ids[n] for n in sorted(poison_at)]
     innocents = [message_id for n, message_id in enumerate(ids) if n not in poison_at]
     detected = crash_detected_at(ids)
@@ -91,6 +84,80 @@ def assert_isolated(queue: Queue, poison: list[int], innocents: list[int]) -> No
     assert not Message.objects.filter(id__in=innocents, suspect=True).exists()
     for message in Message.objects.filter(id__in=poison):
         assert (message.crash_count, message.timeout_count) == (2, 0)
+
+
+def test_a_poison_message_is_blacklisted_and_its_49_batch_mates_delivered(start_workers):
+    queue = queue_create(
+        name="POISON.Q", consumer="demo", batch_size=50, suspect_delay_seconds=0.05
+    )
+    workers = start_workers(concurrency=2)
+    payloads = [f"order {n}".encode() for n in range(50)]
+    payloads[17] = b"order 17 CRASH"
+
+    ids = published_each(queue, payloads)
+
+    wait_until(lambda: settled(queue, 50), timeout=60, what="all 50 settled")
+    poison = Message.objects.get(id=ids[17])
+    assert poison.state == S.NOT_DELIVERABLE
+    assert poison.crash_count == queue.crash_threshold == 2
+    dump = json.loads(Path(poison.dump_path).read_text())
+    assert dump["id"] == poison.id
+    assert dump["payload_base64"] == "b3JkZXIgMTcgQ1JBU0g="
+    assert poison.dump_path.startswith(str(workers.dump_dir))
+    event = AuditEvent.objects.get(action="message_quarantine", message_id=poison.id)
+    assert "crashed 2 times" in event.reason
+    innocents = Message.objects.filter(queue=queue).exclude(id=poison.id)
+    assert innocents.filter(state=S.DELIVERED).count() == 49
+    assert not innocents.filter(state=S.NOT_DELIVERABLE).exists()
+    assert not innocents.filter(suspect=True).exists()
+
+    # The pool lost a process twice and still delivers.
+    more = published_each(queue, [b"after"] * 10)
+    wait_until(
+        lambda: Message.objects.filter(id__in=more, state=S.DELIVERED).count() == 10,
+        timeout=30,
+        what="deliveries after the crashes",
+    )
+
+
+def test_a_sigkilled_batch_comes_back_as_suspects_delivered_alone_in_parallel(start_workers):
+    queue = queue_create(name="SLOW.Q", consumer="demo", batch_size=20, suspect_delay_seconds=0.1)
+    workers = start_workers(concurrency=2)
+    ids = published_each(
+        queue, [f"slow {n}".encode() for n in range(20)], **{"sleep-seconds": "0.25"}
+    )
+    wait_until(lambda: states(queue)[S.DELIVERING] == 20, timeout=30, what="the batch in flight")
+    owner = Message.objects.filter(id=ids[0]).values_list("lease_owner", flat=True).get()
+    pid = int(owner.split(":")[1])
+    assert pid in workers.delivery_processes()
+    time.sleep(0.6)  # a few deliveries into the batch
+
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    # Hold redelivery back so every suspect can be seen waiting in TBDL.
+    queue_update(queue=queue, paused=True)
+
+    wait_until(
+        lambda: Message.objects.filter(
+            id__in=ids, state=S.TO_BE_DELIVERED, crash_count=1, suspect=True
+        ).count()
+        == 20,
+        timeout=10,
+        what="all 20 back in TBDL as suspects",
+    )
+    assert time.monotonic() - killed_at < 5
+
+    queue_update(queue=queue, paused=False)
+    wait_until(lambda: settled(queue, 20), timeout=60, what="the suspects delivered")
+    assert states(queue) == Counter({S.DELIVERED: 20})
+    assert not Message.objects.filter(id__in=ids, suspect=True).exists()
+    redeliveries = [r for r in workers.records() if r["isolated"]]
+    assert sorted(r["id"] for r in redeliveries) == sorted(ids)
+    # Alone, but on both processes at once: some isolated deliveries of the
+    # two processes began less than one delivery (0.25 s) apart.
+    assert len({r["pid"] for r in redeliveries}) == 2
+    starts = sorted((r["time"], r["pid"]) for r in redeliveries)
+    assert any(b[0] - a[0] < 0.25 and a[1] != b[1] for a, b in pairwise(starts))
 
 
 @pytest.mark.parametrize(
@@ -132,7 +199,7 @@ def test_a_poison_message_is_purged_after_the_configured_crashes_and_never_deliv
         poison_action="purge",
     )
     workers = start_workers(concurrency=2)
-    ids = publish(queue, [b"CRASH" if n == 4 else f"m{n}".encode() for n in range(10)])
+    ids = published_each(queue, [b"CRASH" if n == 4 else f"m{n}".encode() for n in range(10)])
     poison = ids[4]
 
     wait_until(

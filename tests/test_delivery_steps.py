@@ -1,6 +1,4 @@
-"""The delivery, sweeper and quarantine services, called in-process against
-the real database. Worker deaths are simulated the way PostgreSQL sees them:
-a lease whose advisory lock nobody holds."""
+"""Delivery one step at a time, in this process: claims, couriers, sweeper, quarantine."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from django.utils import timezone
 
 from broker.errors import IllegalTransition
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
-from broker.selectors import queue_counts
 from broker.services.delivery import (
     HEAD_CLAIM_COST_FACTOR,
     HEAD_CLAIM_SECONDS,
@@ -32,23 +29,15 @@ from broker.services.sweeper import messages_sweep, overdue_seconds
 from broker.services.transitions.blacklist import message_purge, message_release
 from broker.services.transitions.in_flight import messages_ack
 from tests.harness import database_url_for_workers, wait_until
+from tests.support.messages import totals
+from tests.support.publishing import published
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("dumps")]
 S = MessageState
 
 
-@pytest.fixture(autouse=True)
-def dumps(settings, tmp_path: Path) -> Path:
-    settings.DUMP_DIR = tmp_path / "dumps"
-    return settings.DUMP_DIR
-
-
-def publish(queue: Queue, count: int, payload: bytes = b"{}", **headers: str) -> list[int]:
-    return messages_publish(
-        queue_name=queue.name, messages=[NewMessage(payload=payload, headers=headers)] * count
-    )
-
-
+# A worker's death is simulated the way PostgreSQL sees it: a lease whose
+# advisory lock nobody holds.
 def lease(queue: Queue, limit: int, owner: str = "host:1:12345") -> list[int]:
     """Claim like a worker that then died: its lock (token 12345) is not held."""
     claimed = [message.id for message in _claim(queue, owner, suspect=False, limit=limit)]
@@ -56,15 +45,9 @@ def lease(queue: Queue, limit: int, owner: str = "host:1:12345") -> list[int]:
     return claimed
 
 
-def totals(queue_name: str) -> dict[str, int]:
-    """A queue's all-time counters, as /metrics shows them."""
-    [counts] = [counts for counts in queue_counts() if counts.name == queue_name]
-    return counts.totals
-
-
 def test_a_batch_is_claimed_delivered_and_acknowledged(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 25)
+    published(queue, 25)
 
     first = queue_deliver(queue_id=queue.id, worker="test:1")
 
@@ -87,8 +70,8 @@ def test_higher_priority_goes_first(db):
 def test_paused_queues_and_queues_without_consumer_deliver_nothing(db):
     paused = queue_create(name="P", consumer="noop", paused=True)
     idle = queue_create(name="I")
-    publish(paused, 3)
-    publish(idle, 3)
+    published(paused, 3)
+    published(idle, 3)
 
     assert queue_deliver(queue_id=paused.id).claimed == 0
     assert queue_deliver(queue_id=idle.id).claimed == 0
@@ -97,7 +80,7 @@ def test_paused_queues_and_queues_without_consumer_deliver_nothing(db):
 
 def test_a_handler_error_retries_with_exponential_backoff(db):
     queue = queue_create(name="Q", consumer="demo", retry_backoff_seconds=10)
-    [message_id] = publish(queue, 1, payload=b"FAIL")
+    [message_id] = published(queue, 1, NewMessage(payload=b"FAIL"))
 
     before = timezone.now()
     outcome = queue_deliver(queue_id=queue.id)
@@ -115,7 +98,7 @@ def test_a_handler_error_retries_with_exponential_backoff(db):
 
 def test_a_courier_that_goes_on_claims_its_next_batch_with_the_ack(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 25)
+    published(queue, 25)
     in_flight = Message.objects.filter(state=S.DELIVERING)
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
@@ -136,7 +119,7 @@ def test_a_courier_that_goes_on_claims_its_next_batch_with_the_ack(db):
 
 def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_together(db):
     queue = queue_create(name="Q", consumer="demo", batch_size=3, retry_backoff_seconds=10)
-    failing, *fine = publish(queue, 1, payload=b"FAIL") + publish(queue, 4)
+    failing, *fine = published(queue, 1, NewMessage(payload=b"FAIL")) + published(queue, 4)
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
@@ -158,7 +141,7 @@ def publish_urgent() -> int:
 
 def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 30)
+    published(queue, 30)
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
@@ -180,7 +163,7 @@ def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(
 
 def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 30)
+    published(queue, 30)
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
         courier.deliver()
@@ -195,7 +178,7 @@ def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(db):
 
 def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 30)
+    published(queue, 30)
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
         courier.deliver()
@@ -215,7 +198,7 @@ def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(db):
 
 def test_a_resumed_claim_takes_the_rest_from_the_head_when_its_range_runs_short(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    ids = publish(queue, 6)
+    ids = published(queue, 6)
 
     claimed = _claim(queue, "host:1:12345", suspect=False, limit=10, after=(4, ids[3]))
 
@@ -226,7 +209,7 @@ def test_a_resumed_claim_takes_the_rest_from_the_head_when_its_range_runs_short(
 
 def test_a_resumed_claim_takes_no_more_than_its_limit(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    ids = publish(queue, 6)
+    ids = published(queue, 6)
 
     claimed = _claim(queue, "host:1:12345", suspect=False, limit=3, after=(4, ids[4]))
 
@@ -238,7 +221,7 @@ def test_a_delivery_task_drains_its_queue_claiming_each_batch_with_the_last_ack(
 
     settings.LAZARETTO_DELIVERY_TASK_SECONDS = 60
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 35)
+    published(queue, 35)
 
     tasks.deliver(queue.id)
 
@@ -251,7 +234,7 @@ def test_a_delivery_task_whose_budget_ends_leaves_nothing_claimed(db, settings, 
 
     settings.LAZARETTO_DELIVERY_TASK_SECONDS = 0
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 25)
+    published(queue, 25)
     woken: list[int] = []
     monkeypatch.setattr(tasks, "wake", lambda *, queue_id, **_: woken.append(queue_id))
 
@@ -265,7 +248,7 @@ def test_a_delivery_task_whose_budget_ends_leaves_nothing_claimed(db, settings, 
 
 def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):
     queue = queue_create(name="Q", consumer="noop")
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1, owner="host:1:777")
     Message.objects.filter(id=message_id).update(lease_owner="host:2:888")  # someone else's now
 
@@ -275,7 +258,7 @@ def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):
 
 def test_the_sweeper_requeues_the_batch_of_a_dead_worker_as_suspects(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 5)
+    published(queue, 5)
     ids = lease(queue, 5)
 
     result = messages_sweep()
@@ -301,7 +284,7 @@ def advisory_lock_free(key: int) -> Callable[[], bool]:
 
 def test_the_sweeper_leaves_a_live_delivery_alone(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 3)
+    published(queue, 3)
     ids = lease(queue, 3, owner="host:1:4242")
     # Another session (the "worker") holds the lease's advisory lock.
     with psycopg.connect(database_url_for_workers(), autocommit=True) as worker:
@@ -318,7 +301,7 @@ def test_the_sweeper_leaves_a_live_delivery_alone(db):
 
 def test_the_sweeper_takes_back_a_live_delivery_long_past_its_lease_as_a_timeout(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 2)
+    published(queue, 2)
     late, recent = lease(queue, 2, owner="host:1:4243")
     # Celery kills a hung task by the loop budget after the lease ends; the
     # sweeper waits that long (and a grace) before it takes back a live one.
@@ -342,7 +325,7 @@ def test_the_sweeper_takes_back_a_live_delivery_long_past_its_lease_as_a_timeout
 
 def test_a_dead_worker_past_its_lease_timed_out_rather_than_crashed(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 1)
+    published(queue, 1)
     [message_id] = lease(queue, 1)
     Message.objects.filter(id=message_id).update(
         lease_deadline=timezone.now() - timedelta(seconds=1)
@@ -400,7 +383,7 @@ def test_a_second_crash_blacklists_the_message_and_dumps_it(db, dumps):
 def test_with_the_defaults_a_message_that_keeps_timing_out_is_blacklisted_at_the_poison_limit(db):
     queue = queue_create(name="Q", consumer="noop", suspect_delay_seconds=0)
     assert (queue.crash_threshold, queue.poison_limit) == (2, 5)
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1)
     Message.objects.filter(id=message_id).update(
         lease_deadline=timezone.now() - timedelta(seconds=1)
@@ -424,7 +407,7 @@ def test_with_the_defaults_a_message_that_keeps_timing_out_is_blacklisted_at_the
 
 def test_crashes_and_timeouts_add_up_to_the_poison_limit(db):
     queue = queue_create(name="Q", consumer="noop", suspect_delay_seconds=0)
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1)
     messages_sweep()  # a crash in its batch: 1 of 5, 1 of 2 crashes
     for _ in range(3):
@@ -442,7 +425,7 @@ def test_a_suspect_that_keeps_failing_alone_backs_off_more_each_time_up_to_5_s(d
     queue = queue_create(
         name="Q", consumer="noop", suspect_delay_seconds=1, crash_threshold=20, poison_limit=20
     )
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1)
     backoffs = []
     for attempt in range(6):
@@ -459,10 +442,10 @@ def test_a_suspect_that_keeps_failing_alone_backs_off_more_each_time_up_to_5_s(d
 
 def test_suspects_of_one_queue_are_delivered_alone_by_several_workers_at_once(db):
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    publish(queue, 3)
+    published(queue, 3)
     suspects = lease(queue, 3)
     messages_sweep()
-    publish(queue, 4)
+    published(queue, 4)
 
     first = _claim(queue, "host:1:1", suspect=True, limit=1)
     second = _claim(queue, "host:2:2", suspect=True, limit=1)
@@ -479,7 +462,7 @@ def test_suspects_of_one_queue_are_delivered_alone_by_several_workers_at_once(db
 
 def test_a_crash_while_two_suspects_are_in_flight_blames_only_the_dead_workers_one(db):
     queue = queue_create(name="Q", consumer="noop")
-    publish(queue, 2)
+    published(queue, 2)
     lease(queue, 2)
     messages_sweep()
     poison = crash_alone(queue, owner="host:1:111")  # its worker died
@@ -498,7 +481,7 @@ def test_the_purge_poison_action_deletes_the_message_and_keeps_its_dump_audit_an
     db, dumps, caplog
 ):
     queue = queue_create(name="Q", consumer="noop", poison_action="purge")
-    [message_id] = publish(queue, 1, payload=b"poison")
+    [message_id] = published(queue, 1, NewMessage(payload=b"poison"))
     lease(queue, 1)
     messages_sweep()
     crash_alone(queue)
@@ -524,7 +507,7 @@ def test_the_purge_poison_action_deletes_the_message_and_keeps_its_dump_audit_an
 
 def test_every_quarantine_raises_an_alarm_logged_and_counted(db, dumps, caplog):
     queue = queue_create(name="Q", consumer="noop")
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1)
     messages_sweep()
     crash_alone(queue)
@@ -554,7 +537,7 @@ def test_every_quarantine_raises_an_alarm_logged_and_counted(db, dumps, caplog):
 
 def test_a_queue_without_a_dead_letter_queue_blacklists_exhausted_messages(db):
     queue = queue_create(name="Q", consumer="demo", retry_limit=0, dead_letter_queue=None)
-    [message_id] = publish(queue, 1, payload=b"FAIL")
+    [message_id] = published(queue, 1, NewMessage(payload=b"FAIL"))
 
     queue_deliver(queue_id=queue.id)
 
@@ -565,7 +548,7 @@ def test_a_queue_without_a_dead_letter_queue_blacklists_exhausted_messages(db):
 
 def test_an_operator_purges_a_blacklisted_message_and_the_audit_keeps_it(db, operator):
     queue = queue_create(name="Q", consumer="noop")
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
     lease(queue, 1)
     Message.objects.filter(id=message_id).update(crash_count=1)
     messages_sweep()
@@ -581,7 +564,7 @@ def test_an_operator_purges_a_blacklisted_message_and_the_audit_keeps_it(db, ope
 
 def test_purge_and_release_refuse_messages_that_are_not_blacklisted(db, operator):
     queue = queue_create(name="Q", consumer="noop")
-    [message_id] = publish(queue, 1)
+    [message_id] = published(queue, 1)
 
     with pytest.raises(IllegalTransition, match="only blacklisted"):
         message_purge(message_id=message_id, actor=operator)
@@ -599,7 +582,7 @@ def test_publishing_wakes_delivery_only_after_commit(
     client = redis.Redis.from_url(redis_server.url)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        publish(queue, 250)
+        published(queue, 250)
     assert client.llen("deliveries") == 0
     for callback in callbacks:
         callback()
@@ -615,6 +598,6 @@ def test_publishing_succeeds_while_redis_is_down(
     redis_server.stop()
 
     with django_capture_on_commit_callbacks(execute=True):
-        ids = publish(queue, 5)
+        ids = published(queue, 5)
 
     assert Message.objects.filter(id__in=ids, state=S.TO_BE_DELIVERED).count() == 5
