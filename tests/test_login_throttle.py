@@ -27,7 +27,7 @@ def throttle(settings: Any) -> None:
     settings.LAZARETTO_TRUSTED_PROXIES = []
 
 
-def sign_in(username: str, password: str, **meta: str) -> Any:
+def sign_in(username: str, password: str, **meta: Any) -> Any:
     return Client().post("/login/", {"username": username, "password": password}, **meta)
 
 
@@ -106,7 +106,7 @@ def test_behind_a_trusted_proxy_each_client_is_counted_apart(operator: User, set
 
 def test_metrics_sees_the_client_behind_a_trusted_proxy(db: None, settings: Any) -> None:
     settings.METRICS_TOKEN = ""
-    local = {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": "203.0.113.7"}
+    local: dict[str, Any] = {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": "203.0.113.7"}
     # Untrusted: the connecting address (loopback) counts, not the header.
     assert Client().get("/metrics", **local).status_code == 200
     # The proxy on this host is trusted: the outside client is refused.
