@@ -22,7 +22,7 @@ from broker.models import Queue
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from console.tokens import token_create
-from tests.harness import RedisServer, Workers, database_url_for_workers, point_celery_at
+from rig.processes import RedisServer, Workers, database_url_for_workers, point_celery_at
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
 

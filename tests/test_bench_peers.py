@@ -12,7 +12,7 @@ import pytest
 from bench import peers
 from bench._harness import BenchError
 from bench.peers import DatabaseWork, Result
-from tests.harness import database_url_for_workers
+from rig.processes import database_url_for_workers
 
 
 def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -12,7 +12,7 @@ from broker.models import AuditEvent, BulkJob, Message
 from broker.selectors import MessageFilter
 from broker.services.bulk import bulk_job_run, bulk_job_submit, bulk_preview
 from broker.services.queues import queue_create
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.console import logged_in
 from tests.support.messages import blacklisted
 

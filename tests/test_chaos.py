@@ -13,7 +13,7 @@ import pytest
 from broker.models import Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from tests.harness import wait_until
+from rig.processes import wait_until
 
 pytestmark = pytest.mark.slow
 S = MessageState

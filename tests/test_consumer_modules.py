@@ -17,7 +17,7 @@ from broker import consumers
 from broker.models import Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from tests.harness import ROOT, RedisServer, Workers, wait_until
+from rig.processes import ROOT, RedisServer, Workers, wait_until
 from tests.support.processes import manage
 
 S = MessageState

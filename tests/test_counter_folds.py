@@ -13,7 +13,7 @@ from broker.selectors import last_hour, queue_depths
 from broker.services.counters import FOLD_LOCK_KEY, counters_fold
 from broker.services.queues import queue_create, queue_delete
 from broker.services.stats import minute_count
-from tests.harness import database_url_for_workers
+from rig.processes import database_url_for_workers
 from tests.support.messages import totals
 from tests.support.publishing import published
 from workers.tasks import sweep

@@ -21,7 +21,7 @@ from broker.services.rule_tables import (
     rule_table_create,
     rule_table_rollback,
 )
-from tests.harness import ROOT, database_url_for_workers, wait_until
+from rig.processes import ROOT, database_url_for_workers, wait_until
 from tests.support import messages
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from django.db import connection
 
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
 from broker.services.queues import queue_create, queue_update
-from tests.harness import Workers, wait_until
+from rig.processes import Workers, wait_until
 from tests.support.messages import settled, states
 from tests.support.publishing import published_each
 

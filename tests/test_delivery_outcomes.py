@@ -9,7 +9,7 @@ import pytest
 
 from broker.models import AuditEvent, Message, MessageState
 from broker.services.queues import queue_create
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.messages import on_the_dead_letter_queue, settled, states
 from tests.support.publishing import published_each
 

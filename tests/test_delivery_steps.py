@@ -28,7 +28,7 @@ from broker.services.queues import queue_create
 from broker.services.sweeper import messages_sweep, overdue_seconds
 from broker.services.transitions.blacklist import message_purge, message_release
 from broker.services.transitions.in_flight import messages_ack
-from tests.harness import database_url_for_workers, wait_until
+from rig.processes import database_url_for_workers, wait_until
 from tests.support.messages import totals
 from tests.support.publishing import published
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, free_port
+from rig.processes import ROOT, free_port
 from tests.support.processes import manage
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_create_and_activate
 from broker.services.topics import subscription_create, topic_create
 from broker.services.transitions.expiry import messages_expire
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.messages import claimed
 
 pytestmark = pytest.mark.usefixtures("dumps")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from broker.ha import wire
-from tests.ha_harness import (
+from rig.ha import (
     QUEUE,
     TIMEOUT,
     Pair,
@@ -33,7 +33,7 @@ from tests.ha_harness import (
     shell,
     start_pair,
 )
-from tests.harness import ROOT, RedisServer, Workers, wait_until
+from rig.processes import ROOT, RedisServer, Workers, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -40,7 +40,7 @@ from broker.models import (
 )
 from broker.services.publish import NewMessage, messages_publish
 from console.middleware import HaRefusalMiddleware
-from tests.harness import free_port
+from rig.processes import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """The HA pair under a menu of faults, on a real network: each node with its
-PostgreSQL server in a network namespace of its own (tests.netns), Redis
+PostgreSQL server in a network namespace of its own (rig.netns), Redis
 (the witness), gunicorn, the Celery workers and a publishing client in the
 tests' namespace. One pair takes every fault in turn, in a random order,
 each once it healed from the last."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import netns
-from tests.ha_harness import (
+from rig import netns
+from rig.ha import (
     TIMEOUT,
     NodeProcess,
     Pair,
@@ -27,7 +27,7 @@ from tests.ha_harness import (
     payloads_in,
     serve_the_pair,
 )
-from tests.harness import RedisServer, wait_until
+from rig.processes import RedisServer, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 
 from broker.errors import HaNodeUnreachable, HaSecretMismatch
 from broker.ha import wire
-from tests.harness import ROOT, free_port
+from rig.processes import ROOT, free_port
 
 SECRET = b"wire-test-secret"
 

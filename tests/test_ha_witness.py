@@ -9,7 +9,7 @@ import time
 import pytest
 
 from broker.ha.witness import Term, Witness, WitnessRefused, WitnessUnreachable
-from tests.harness import RedisServer, free_port
+from rig.processes import RedisServer, free_port
 
 LEASE = 0.3
 

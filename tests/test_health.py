@@ -20,7 +20,7 @@ import pytest
 from django.db.migrations.loader import MigrationLoader
 from psycopg import sql
 
-from tests.harness import ROOT, database_url_for_workers, free_port, wait_until
+from rig.processes import ROOT, database_url_for_workers, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from broker.services.transitions.in_flight import (
     CLAIM_RESUMED_SQL,
     CLAIM_SQL,
 )
-from tests.harness import database_url_for_workers, wait_until
+from rig.processes import database_url_for_workers, wait_until
 from tests.support.messages import claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)

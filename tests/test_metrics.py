@@ -17,7 +17,7 @@ from broker.services.dead_letters import dead_letter_scan
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.messages import dead_lettered
 from tests.support.processes import manage
 from tests.support.publishing import published

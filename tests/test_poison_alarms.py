@@ -21,7 +21,7 @@ from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_purge_poison, messages_quarantine
 from broker.services.transitions.in_flight import messages_claim
-from tests.harness import free_port, point_celery_at, wait_until
+from rig.processes import free_port, point_celery_at, wait_until
 from tests.support.webhooks import WebhookServer
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -38,7 +38,7 @@ from broker.services.replay import (
     replayed_from,
     replays_of,
 )
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.messages import claimed, dead_lettered, quarantined
 from workers.pipeline import replay_job_launch
 

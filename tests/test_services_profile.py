@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
+from rig.processes import database_url_for_workers
 from tests.conftest import TEST_DB_PROFILE_VARIABLE, chosen_test_db_profile
-from tests.harness import database_url_for_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")

@@ -37,7 +37,7 @@ from broker.services.transitions.in_flight import (
     messages_retry,
 )
 from broker.services.transitions.table import MACHINE, Transition, allows, guard
-from tests.harness import ROOT
+from rig.processes import ROOT
 from tests.support.messages import OWNER, claimed, dead_lettered, delivered, quarantined
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("dumps")]

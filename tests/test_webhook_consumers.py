@@ -17,7 +17,7 @@ from broker.models import AuditEvent, Message, MessageState, Queue
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from tests.harness import free_port, wait_until
+from rig.processes import free_port, wait_until
 from tests.support.console import QUEUE_SETTINGS_FORM, error_beside, logged_in
 from tests.support.messages import on_the_dead_letter_queue
 from tests.support.webhooks import Post, WebhookServer

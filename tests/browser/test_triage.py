@@ -13,7 +13,7 @@ from pytest_django.live_server_helper import LiveServer
 from broker.models import Message, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create, queue_update
-from tests.harness import wait_until
+from rig.processes import wait_until
 from tests.support.browser import login
 from tests.support.messages import blacklisted, quarantined
 
