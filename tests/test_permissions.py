@@ -71,6 +71,9 @@ CONSOLE: list[Row] = [
     *route("audit", "/audit/", GET=VIEWER),
     *route("tokens", "/tokens/", GET=VIEWER, POST=VIEWER),
     *route("token-revoke", "/tokens/{k}/revoke/", POST=VIEWER),
+    *route("users", "/users/", GET=ADMIN, POST=ADMIN),
+    *route("user-role", "/users/nobody/role/", POST=ADMIN),
+    *route("user-deactivate", "/users/nobody/deactivate/", POST=ADMIN),
     *route("replay-jobs", "/replay/", GET=VIEWER),
     *route("replay-new", "/replay/new/", GET=OPERATOR, POST=OPERATOR),
     *route("replay-preview", "/replay/preview/", POST=OPERATOR),
@@ -145,6 +148,8 @@ API: list[Row] = [
     *route("api-ha-switchover", "/api/v1/ha/switchover/", POST=ADMIN),
     *route("api-ha-resolve", "/api/v1/ha/resolve/", POST=ADMIN),
     *route("api-ha-export-republish", "/api/v1/ha/exports/{x}/republish/", POST=ADMIN),
+    # Whatever else is under /api/: the JSON 404, for anyone.
+    *route("api-unknown-path", "/api/v1/nothing-here/", GET=None, POST=None),
     # Deletes last: what they remove, the rows above still use.
     *route("api-subscription", "/api/v1/subscriptions/S1/", DELETE=ADMIN),
     *route("api-topic", "/api/v1/topics/T1/", DELETE=ADMIN),
