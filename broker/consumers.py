@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 import httpx
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
+from broker.outbound import DestinationRefused, check_url, outbound_client
+
 logger = logging.getLogger(__name__)
 
 # A queue's webhook_timeout: the default and its bounds, in seconds.
@@ -146,7 +148,9 @@ def is_webhook(consumer: str) -> bool:
 
 
 def validate_webhook_url(url: str) -> None:
-    """Model-field validator: blank, or an http(s) URL with a host."""
+    """Model-field validator: blank, or an http(s) URL whose host a webhook
+    may go to (broker.outbound; a name that does not resolve now is checked
+    at each connection)."""
     if not url:
         return
     parts = urlsplit(url)
@@ -154,6 +158,12 @@ def validate_webhook_url(url: str) -> None:
         raise ValidationError(
             "A webhook must be an http:// or https:// URL with a host.", code="bad_webhook"
         )
+    try:
+        check_url(url, unresolved_ok=True)
+    except DestinationRefused as refused:
+        raise ValidationError(
+            f"Not an allowed webhook: {refused}.", code="webhook_not_allowed"
+        ) from None
 
 
 def validate_consumer(consumer: str) -> None:
@@ -208,7 +218,7 @@ def webhook_signature(*, secret: str, timestamp: int, body: bytes) -> str:
 def _http_client() -> httpx.Client:
     # One client per process keeps connections to each webhook alive; each
     # request carries its queue's timeout.
-    return httpx.Client(timeout=WEBHOOK_TIMEOUT_SECONDS, follow_redirects=False)
+    return outbound_client(timeout=WEBHOOK_TIMEOUT_SECONDS)
 
 
 def _post_webhook(url: str, delivery: Delivery, options: WebhookOptions) -> None:
@@ -230,8 +240,12 @@ def _post_webhook(url: str, delivery: Delivery, options: WebhookOptions) -> None
         response = _http_client().post(
             url, content=delivery.payload, headers=headers, timeout=options.timeout
         )
+    except DestinationRefused as refused:
+        raise HandlerError(f"webhook {url}: not an allowed destination: {refused}") from None
     except httpx.HTTPError as error:
-        raise HandlerError(f"webhook {url}: {type(error).__name__}: {error}") from None
+        # The error's class, not the socket's text: a message's error is read
+        # by viewers, and says no more about the network than that.
+        raise HandlerError(f"webhook {url}: no answer ({type(error).__name__})") from None
     if not response.is_success:
         raise HandlerError(f"webhook {url} answered HTTP {response.status_code}")
 

@@ -26,6 +26,10 @@ class DestinationRefused(ValueError):
     """The URL names no address a webhook may be sent to."""
 
 
+class Unresolved(DestinationRefused):
+    """The URL's host name does not resolve (now)."""
+
+
 def _literal(host: str) -> Address | None:
     """The address ``host`` writes, in any form the C library reads as one
     (dotted, decimal, octal or hexadecimal IPv4; IPv6), else None."""
@@ -49,14 +53,14 @@ def addresses_of(host: str, port: int) -> list[Address]:
     try:
         found = getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as error:
-        raise DestinationRefused(f"{host} does not resolve ({error})") from None
+        raise Unresolved(f"{host} does not resolve ({error})") from None
     addresses: list[Address] = []
     for *_, sockaddr in found:
         address = _literal(str(sockaddr[0]).split("%", 1)[0])
         if address is not None and address not in addresses:
             addresses.append(address)
     if not addresses:
-        raise DestinationRefused(f"{host} resolves to no address")
+        raise Unresolved(f"{host} resolves to no address")
     return addresses
 
 
@@ -85,12 +89,18 @@ def checked(host: str, port: int) -> list[Address]:
     return addresses
 
 
-def check_url(url: str) -> None:
-    """Refuse (DestinationRefused) a URL whose host is not allowed."""
+def check_url(url: str, *, unresolved_ok: bool = False) -> None:
+    """Refuse (DestinationRefused) a URL whose host is not allowed. With
+    ``unresolved_ok`` (saving a URL), a name that does not resolve now
+    passes: each connection checks it again."""
     parts = urlsplit(url)
     if not parts.hostname:
         raise DestinationRefused("the URL names no host")
-    checked(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    try:
+        checked(parts.hostname, parts.port or _default_port(parts.scheme))
+    except Unresolved:
+        if not unresolved_ok:
+            raise
 
 
 class CheckedTransport(httpx.HTTPTransport):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,26 @@ def process_private_cache_and_files(tmp_path_factory: pytest.TempPathFactory) ->
         ARCHIVE_DIR=files / "archive",
     ):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_webhooks() -> Iterator[None]:
+    """The suite's webhook receivers listen on loopback, which webhooks may
+    not reach by default (broker.outbound): the suite's processes, and the
+    worker processes they start, allow loopback networks. The tests of the
+    rule itself (tests/test_outbound.py) set their own."""
+    loopback = "127.0.0.0/8,::1/128"
+    previous = os.environ.get("LAZARETTO_WEBHOOK_ALLOWED_NETWORKS")
+    os.environ["LAZARETTO_WEBHOOK_ALLOWED_NETWORKS"] = loopback
+    networks = [ip_network(network) for network in loopback.split(",")]
+    try:
+        with override_settings(LAZARETTO_WEBHOOK_ALLOWED_NETWORKS=networks):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("LAZARETTO_WEBHOOK_ALLOWED_NETWORKS", None)
+        else:
+            os.environ["LAZARETTO_WEBHOOK_ALLOWED_NETWORKS"] = previous
 
 
 # --- the test database's durability profile ----------------------------------

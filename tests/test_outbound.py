@@ -18,6 +18,12 @@ from broker import outbound
 from broker.outbound import DestinationRefused, check_url, outbound_client
 
 
+@pytest.fixture(autouse=True)
+def public_only(settings: Any) -> None:
+    """The rule as it stands by default: no network listed."""
+    settings.LAZARETTO_WEBHOOK_ALLOWED_NETWORKS = []
+
+
 def resolving(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[str]]) -> list[str]:
     """A DNS stub: each name resolves to its list of addresses; the names
     asked, in order."""
@@ -123,3 +129,40 @@ def test_a_connection_goes_to_the_address_checked_with_the_urls_host(
         response = client.post(f"http://hooks.example:{port}/in", content=b"{}")
     assert response.status_code == 204
     assert hosts == [f"hooks.example:{port}"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:5432/", "http://169.254.169.254/", "http://[::1]/", "http://2130706433/"],
+)
+def test_the_api_refuses_such_a_webhook_beside_its_field(admin_api: Any, url: str) -> None:
+    from broker.models import Queue
+
+    answer = admin_api.post("/api/v1/queues/", {"name": "HOOKED", "consumer": url}, format="json")
+    assert answer.status_code == 400
+    assert answer.data["code"] == "invalid"
+    [error] = answer.data["field_errors"]["consumer"]
+    assert error.startswith("Not an allowed webhook: ")
+    assert "webhooks go to public addresses only" in error
+    assert not Queue.objects.filter(name="HOOKED").exists()
+
+
+def test_a_delivery_to_an_address_no_longer_allowed_fails_without_the_socket_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from broker.consumers import Delivery, HandlerError, WebhookOptions, _post_webhook
+
+    resolving(monkeypatch, {"hooks.example": ["10.0.0.7"]})
+    delivery = Delivery(
+        message_id=1,
+        queue="Q",
+        payload=b"{}",
+        content_type="application/json",
+        headers={},
+        attempt=1,
+        isolated=False,
+    )
+    with pytest.raises(
+        HandlerError, match=r"not an allowed destination: hooks.example \(10.0.0.7\)"
+    ):
+        _post_webhook("http://hooks.example/in", delivery, WebhookOptions(timeout=1.0, secret=""))

@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from broker.models import NotificationState, PoisonAlarm
+from broker.outbound import DestinationRefused, outbound_client
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def alarms_notify_due(*, budget_seconds: float = 5.0) -> NotifyResult:
     try:
         timeout = settings.LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS
         budget_ends = time.monotonic() + budget_seconds
-        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+        with outbound_client(timeout=timeout) as client:
             while time.monotonic() < budget_ends:
                 alarm = _claim_due(lease_seconds=3 * timeout + NOTIFY_LEASE_MARGIN_SECONDS)
                 if alarm is None:
@@ -138,8 +139,11 @@ def _post(client: httpx.Client, alarm: PoisonAlarm) -> str:
             content=json.dumps(alarm_body(alarm)).encode(),
             headers={"Content-Type": "application/json", "Lazaretto-Alarm-Id": str(alarm.id)},
         )
+    except DestinationRefused as refused:
+        return f"not an allowed destination: {refused}"[:NOTIFY_ERROR_MAX_CHARS]
     except (httpx.HTTPError, httpx.InvalidURL) as error:
-        return f"{type(error).__name__}: {error}"[:NOTIFY_ERROR_MAX_CHARS]
+        # The error's class, not the socket's text (viewers read it).
+        return f"no answer ({type(error).__name__})"[:NOTIFY_ERROR_MAX_CHARS]
     if response.is_success:
         return ""
     if response.is_redirect:
