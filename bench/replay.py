@@ -432,7 +432,8 @@ def run_insert_select(setup: Setup) -> Result:
 
 def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
     from broker.models import ReplayJobStatus, ReplaySource
-    from broker.services.replay import ReplaySpec, replay_job_submit
+    from broker.pipeline.replay import replay_job_submit
+    from broker.pipeline.selection import ReplaySpec
     from workers.pipeline import replay_job_launch
 
     job = replay_job_submit(

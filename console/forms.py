@@ -20,9 +20,9 @@ from broker.models import (
     Queue,
     ReplaySource,
 )
+from broker.pipeline.selection import MAX_TEXT_FILTER, MessageSelection, ReplaySpec
 from broker.selectors import dead_letter_queue_list, ha_node_names, queue_names, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
-from broker.services.replay import MAX_TEXT_FILTER, ReplayFilter, ReplaySpec
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
 MAX_MESSAGES_HELP = "Waiting + in-flight messages allowed; blank for no limit."
@@ -324,7 +324,7 @@ class ReplayForm(forms.Form):
         return ReplaySpec(
             source=data["source"],
             source_queue=source_queue.name if source_queue else "",
-            filter=ReplayFilter(
+            filter=MessageSelection(
                 queues=data["queues"],
                 reason=data["reason"],
                 since=data["since"],

@@ -23,10 +23,11 @@ from broker.models import (
     Queue,
     ReplayJobStatus,
 )
-from broker.services.archive import archive_search
+from broker.pipeline.replay import replay_job_submit
+from broker.pipeline.selection import MessageSelection, ReplaySpec
+from broker.pipeline.selectors import archive_search
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
-from broker.services.replay import ReplayFilter, ReplaySpec, replay_job_submit
 from broker.services.transitions.blacklist import messages_fail
 from tests.support.messages import claimed, delivered, quarantined
 from tests.support.publishing import published
@@ -98,7 +99,7 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     job = replay_job_submit(
         spec=ReplaySpec(
             source="archive",
-            filter=ReplayFilter(
+            filter=MessageSelection(
                 queues=("ORDERS.IN",),
                 since=timezone.now() - timedelta(days=11),
                 until=timezone.now() - timedelta(days=9),

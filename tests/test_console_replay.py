@@ -15,9 +15,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from broker.models import Queue, ReplayedMessage, ReplayJob
+from broker.pipeline.replay import replay_job_submit
+from broker.pipeline.selection import ReplaySpec
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.replay import ReplaySpec, replay_job_submit
 from tests.support.archive import DAY, archived, message_row
 from tests.support.console import error_beside, logged_in
 from tests.support.messages import dead_lettered

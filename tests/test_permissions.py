@@ -20,8 +20,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from broker.models import DivergedExport, Queue
+from broker.pipeline.replay import replay_job_submit
+from broker.pipeline.selection import ReplaySpec
 from broker.services.bulk import bulk_job_submit
-from broker.services.replay import ReplaySpec, replay_job_submit
 from broker.services.rule_tables import rule_table_create
 from broker.services.topics import subscription_create, topic_create
 from console.roles import Role

@@ -26,18 +26,12 @@ from broker.models import (
     ReplayJob,
     ReplayJobStatus,
 )
+from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
+from broker.pipeline.selection import MessageSelection, ReplaySpec
+from broker.pipeline.selectors import replayed_from, replays_of
 from broker.selectors import queue_depths
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.replay import (
-    ReplayFilter,
-    ReplaySpec,
-    replay_job_cancel,
-    replay_job_run_again,
-    replay_job_submit,
-    replayed_from,
-    replays_of,
-)
 from rig.processes import wait_until
 from tests.support.messages import claimed, dead_lettered, quarantined
 from workers.pipeline import replay_job_launch
@@ -237,7 +231,9 @@ def test_filters_pick_by_queue_reason_time_header_and_payload():
     dead_lettered(orders, 6, region="us")
     job = run(
         submit(
-            filter=ReplayFilter(queues=("ORDERS.IN",), reason="handler_error", header="region=eu"),
+            filter=MessageSelection(
+                queues=("ORDERS.IN",), reason="handler_error", header="region=eu"
+            ),
             target_queue="SPARE",
         )
     )
@@ -253,7 +249,7 @@ def test_filters_pick_by_queue_reason_time_header_and_payload():
 def test_a_filter_matching_nothing_completes_with_zero_counts():
     orders = queue_create(name="ORDERS.IN", consumer="")
     dead_lettered(orders, 10)
-    job = run(submit(filter=ReplayFilter(payload_text="no such text")))
+    job = run(submit(filter=MessageSelection(payload_text="no such text")))
     assert job.status == ReplayJobStatus.DONE
     assert (job.read, job.matched, job.written, job.skipped, job.failed) == (10, 0, 0, 0, 0)
     assert job.per_target == {}
@@ -267,11 +263,11 @@ def test_a_filter_matching_nothing_completes_with_zero_counts():
         ({"rules_text": "ACTION(RETRY)\nREASON(NOPE) ACTION(FWD)\n"}, "rules_text"),
         ({"velocity": 0}, "velocity"),
         ({"velocity": -5}, "velocity"),
-        ({"filter": ReplayFilter(queues=("NO.SUCH.QUEUE",))}, "queues"),
+        ({"filter": MessageSelection(queues=("NO.SUCH.QUEUE",))}, "queues"),
         ({"source_queue": "ORDERS.IN"}, "source_queue"),
         ({"source_queue": ""}, "source_queue"),
         ({"source": "everything"}, "source"),
-        ({"filter": ReplayFilter(header="no-equals-sign")}, "header"),
+        ({"filter": MessageSelection(header="no-equals-sign")}, "header"),
     ],
 )
 def test_bad_input_is_refused_at_submission_and_writes_nothing(values, field):
@@ -284,7 +280,7 @@ def test_bad_input_is_refused_at_submission_and_writes_nothing(values, field):
 
 
 def test_a_time_range_that_ends_before_it_starts_is_refused():
-    window = ReplayFilter(
+    window = MessageSelection(
         since=datetime(2026, 5, 2, tzinfo=UTC), until=datetime(2026, 5, 1, tzinfo=UTC)
     )
     with pytest.raises(InvalidInput) as refused:

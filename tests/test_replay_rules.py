@@ -20,11 +20,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from broker.models import Message, Queue
+from broker.pipeline.selection import ReplaySpec
+from broker.pipeline.source import source_query
 from broker.rules import parse
 from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.queues import queue_create
-from broker.services.replay import ReplaySpec, source_query
 from broker.services.rule_tables import rule_table_create_and_activate
 from tests.support.messages import dead_lettered
 

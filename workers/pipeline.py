@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from broker.models import ReplayJob, ReplayJobStatus
-from broker.services.replay import replay_run_finish
+from broker.pipeline.replay import replay_run_finish
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import migrations, models
 
 # Where a replay job's Spark stage loads the messages it will write, before
-# one set-based insert per id range (broker.services.replay). Unlogged: it is
+# one set-based insert per id range (broker.pipeline.replay). Unlogged: it is
 # scratch space that a rerun fills again, so it costs no WAL.
 STAGE_SQL = """
 CREATE UNLOGGED TABLE broker_replaystage (

@@ -36,7 +36,7 @@ class ReplayJob(models.Model):
     # The dead-letter queue read, for source dead_letter.
     source_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
     # queues, reason, since, until (ISO 8601), header ("name=value"),
-    # payload_text: broker.services.replay.ReplayFilter.
+    # payload_text: broker.pipeline.selection.MessageSelection.
     filters = models.JSONField(default=dict, blank=True)
     # Blank: each message goes back to its original queue.
     target_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)

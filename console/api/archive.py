@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
-from broker.services.archive import ArchivedMessage, archive_search
+from broker.pipeline.selectors import ArchivedMessage, archive_search
 from console.api.fields import parsed, payload_text
 from console.api.schema import ERROR
 

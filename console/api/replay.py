@@ -15,22 +15,15 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
-from broker.services.replay import (
-    MAX_VELOCITY,
-    ReplayFilter,
-    ReplaySpec,
-    replay_job_cancel,
-    replay_job_get,
-    replay_job_run_again,
-    replay_job_submit,
-    replay_preview,
-)
+from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
+from broker.pipeline.selection import MAX_VELOCITY, MessageSelection, ReplaySpec
+from broker.pipeline.selectors import replay_job_get, replay_preview
 from console.api.fields import as_mapping, unknown_keys
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR
 
 
-class ReplayFilterSerializer(serializers.Serializer[ReplayFilter]):
+class ReplayFilterSerializer(serializers.Serializer[MessageSelection]):
     """Which source messages a replay job takes; empty parts take everything."""
 
     queues = serializers.ListField(
@@ -72,7 +65,7 @@ class ReplayFilterSerializer(serializers.Serializer[ReplayFilter]):
         return values
 
 
-FILTER_PARTS = frozenset(field.name for field in dataclasses.fields(ReplayFilter))
+FILTER_PARTS = frozenset(field.name for field in dataclasses.fields(MessageSelection))
 
 
 class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
@@ -140,9 +133,9 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
         return ReplaySpec(
             source=data["source"],
             source_queue=data["source_queue"],
-            filter=ReplayFilter(**{**window, "queues": tuple(window["queues"])})
+            filter=MessageSelection(**{**window, "queues": tuple(window["queues"])})
             if window
-            else ReplayFilter(),
+            else MessageSelection(),
             target_queue=data["target_queue"],
             rules_text=data["rules_text"],
             velocity=data["velocity"],
@@ -206,7 +199,7 @@ class ReplayJobSerializer(serializers.ModelSerializer[ReplayJob]):
 
     @extend_schema_field(ReplayFilterSerializer)
     def get_filter(self, job: ReplayJob) -> dict[str, Any]:
-        return dict(ReplayFilterSerializer(ReplayFilter.from_stored(job.filters)).data)
+        return dict(ReplayFilterSerializer(MessageSelection.from_stored(job.filters)).data)
 
 
 class ReplayPreviewSerializer(serializers.Serializer[dict[str, int]]):

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from broker.models import ReplaySource
-from broker.services.archive import ArchivedMessage, archive_days, archive_search
+from broker.pipeline.selectors import ArchivedMessage, archive_days, archive_search
 from console.forms import DATETIME_LOCAL, ArchiveSearchForm
 from console.payloads import PayloadView, payload_view
 from console.roles import Role

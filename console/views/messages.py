@@ -13,9 +13,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from broker.errors import MessageNotFound
 from broker.models import Message
+from broker.pipeline.selectors import replayed_from, replays_of
 from broker.selectors import MessageFilter, message_get, message_timeline, messages_page
 from broker.services.dumps import dump_path_for
-from broker.services.replay import replayed_from, replays_of
 from broker.services.transitions.blacklist import message_fail, message_purge, message_release
 from broker.services.transitions.resubmit import message_resubmit
 from console.forms import MessageFilterForm, ResubmitForm

@@ -12,14 +12,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.models import ReplayJob, ReplaySource
-from broker.services.replay import (
-    replay_job_cancel,
-    replay_job_get,
-    replay_job_run_again,
-    replay_job_submit,
-    replay_jobs_recent,
-    replay_preview,
-)
+from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
+from broker.pipeline.selectors import replay_job_get, replay_jobs_recent, replay_preview
 from console.forms import ReplayForm
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from broker.models import ArchiveChunk, ArchiveChunkStatus
-from broker.services.archive import INCOMING, archive_dir
+from broker.pipeline.archive import INCOMING, archive_dir
 from broker.services.audit import audit_record
 from broker.services.transitions.replayed import messages_archived
 from workers.spark.session import read_range, spark_session

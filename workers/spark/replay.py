@@ -36,19 +36,18 @@ from pyspark.sql.types import (
 )
 
 from broker.models import Queue, ReplayJob, ReplayJobStatus, ReplaySource
-from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
-from broker.services.archive import archive_dir, utc_day
-from broker.services.replay import (
-    ReplaySpec,
+from broker.pipeline.archive import archive_dir, utc_day
+from broker.pipeline.replay import (
     replay_run_finish,
     replay_run_progress,
     replay_run_start,
     replay_stage_analyze,
     replay_stage_clear,
     replay_write_staged,
-    source_query,
-    source_range,
 )
+from broker.pipeline.selection import ReplaySpec
+from broker.pipeline.source import source_query, source_range
+from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
 from workers.spark.session import read_range, spark_session, write_table
 
 logger = logging.getLogger(__name__)

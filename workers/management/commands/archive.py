@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from broker.services.archive import MAX_RESULTS, ArchivedMessage, archive_search
+from broker.pipeline.selectors import MAX_RESULTS, ArchivedMessage, archive_search
 from workers import pipeline
 from workers.management.commands.replay import invalid_text, moment_option, table
 

@@ -17,17 +17,10 @@ from django.utils import timezone
 
 from broker.errors import BrokerError, InvalidInput
 from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
+from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
+from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_validate
+from broker.pipeline.selectors import replay_job_get, replay_jobs_recent
 from broker.services.audit import Actor
-from broker.services.replay import (
-    ReplayFilter,
-    ReplaySpec,
-    replay_job_cancel,
-    replay_job_get,
-    replay_job_run_again,
-    replay_job_submit,
-    replay_jobs_recent,
-    replay_validate,
-)
 from workers import pipeline
 
 # Field names (the replay service's, and the archive search's limit) as the
@@ -189,7 +182,7 @@ class Command(BaseCommand):
         spec = ReplaySpec(
             source=source,
             source_queue=source_queue,
-            filter=ReplayFilter(
+            filter=MessageSelection(
                 queues=tuple(queues),
                 reason=reason,
                 since=moment_option(since, "since", problems),
@@ -365,7 +358,7 @@ def _when(moment: datetime | None) -> str:
 
 
 def _filter(job: ReplayJob) -> str:
-    window = ReplayFilter.from_stored(job.filters)
+    window = MessageSelection.from_stored(job.filters)
     parts = [f"queues={','.join(window.queues)}"] if window.queues else []
     parts += [
         f"{name}={value.isoformat() if isinstance(value, datetime) else value}"

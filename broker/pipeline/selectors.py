@@ -1,59 +1,68 @@
-"""The message archive: delivered and failed messages past their queue's
-retention, kept as Parquet files under ARCHIVE_DIR, partitioned by queue
-and by the day they were published (``queue=NAME/day=YYYY-MM-DD/``).
-
-A Spark job writes it (workers.spark.archive); the console reads it here
-with pyarrow, which opens only the partitions and columns a search needs
-and answers in milliseconds, where a Spark session takes seconds to start.
+"""The pipeline's reads for display: replay jobs and the copies they wrote,
+a job's preview, and the archive, read with pyarrow, which opens only the
+partitions and columns a search needs and answers in milliseconds, where a
+Spark session takes seconds to start.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from datetime import date, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from django.conf import settings
-from django.db.models import F
-from django.db.models.functions import Coalesce
-from django.utils import timezone
 
-from broker.models import Queue
-
-if TYPE_CHECKING:
-    from broker.services.replay import ReplayFilter
-
-# The archive's columns, in the order the archive job writes them.
-SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("state", pa.string()),
-        ("payload", pa.binary()),
-        ("content_type", pa.string()),
-        ("headers", pa.string()),
-        ("priority", pa.int32()),
-        ("attempts", pa.int32()),
-        ("crash_count", pa.int32()),
-        ("timeout_count", pa.int32()),
-        ("dead_letter", pa.string()),
-        ("last_error", pa.string()),
-        ("put_application", pa.string()),
-        ("put_user", pa.string()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-        ("updated_at", pa.timestamp("us", tz="UTC")),
-    ]
+from broker.errors import ReplayJobNotFound
+from broker.models import ReplayedMessage, ReplayJob, ReplaySource
+from broker.pipeline.archive import (
+    DATASET_SCHEMA,
+    PARTITIONING,
+    archive_dir,
+    partition_value,
+    utc_day,
 )
-PARTITION_FIELDS = pa.schema([("queue", pa.string()), ("day", pa.string())])
-PARTITIONING = ds.partitioning(PARTITION_FIELDS, flavor="hive")
-DATASET_SCHEMA = pa.unify_schemas([SCHEMA, PARTITION_FIELDS])
-INCOMING = "_incoming"
+from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_validate
+from broker.pipeline.source import source_count
+
 MAX_RESULTS = 500
+
+
+# --- replay jobs -------------------------------------------------------------------
+
+
+def replay_job_get(*, job_id: int) -> ReplayJob:
+    job = ReplayJob.objects.select_related("created_by").filter(id=job_id).first()
+    if job is None:
+        raise ReplayJobNotFound(f"There is no replay job {job_id}.")
+    return job
+
+
+def replays_of(*, message_id: int) -> list[ReplayedMessage]:
+    """The copies replay jobs wrote of a message, oldest first."""
+    return list(ReplayedMessage.objects.filter(source_message_id=message_id).order_by("id"))
+
+
+def replayed_from(*, message_id: int) -> ReplayedMessage | None:
+    """The replay that wrote this message, if one did."""
+    return ReplayedMessage.objects.filter(message_id=message_id).first()
+
+
+def replay_jobs_recent(*, limit: int = 50) -> list[ReplayJob]:
+    return list(ReplayJob.objects.select_related("created_by").order_by("-id")[:limit])
+
+
+def replay_preview(spec: ReplaySpec) -> int:
+    """How many messages the job's filter matches (before any rules)."""
+    replay_validate(spec)
+    if spec.source == ReplaySource.ARCHIVE:
+        return archive_count(spec.filter)
+    return source_count(spec)
+
+
+# --- the archive ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -69,28 +78,6 @@ class ArchivedMessage:
     put_user: str
     created_at: datetime
     updated_at: datetime
-
-
-def archive_dir() -> Path:
-    return Path(settings.ARCHIVE_DIR)
-
-
-def partition_value(queue: str) -> str:
-    """A queue name as a partition directory holds it ('/' and '%' escaped,
-    as Spark and pyarrow both read them)."""
-    return quote(queue, safe="._")
-
-
-def retention_cutoffs(*, now: datetime | None = None) -> dict[int, datetime]:
-    """Per queue id: messages published before this are due for the archive."""
-    now = now or timezone.now()
-    default = settings.LAZARETTO_ARCHIVE_RETENTION_DAYS
-    return {
-        queue_id: now - timedelta(days=days)
-        for queue_id, days in Queue.objects.annotate(
-            days=Coalesce(F("archive_retention_days"), default)
-        ).values_list("id", "days")
-    }
 
 
 def _dataset() -> ds.Dataset | None:
@@ -111,11 +98,6 @@ def _dataset() -> ds.Dataset | None:
         partitioning=PARTITIONING,
         partition_base_dir=str(root),
     )
-
-
-def utc_day(moment: datetime) -> str:
-    """The archive's day partition a moment falls in."""
-    return moment.astimezone(UTC).date().isoformat()
 
 
 def _expression(
@@ -155,7 +137,7 @@ def _reason(value: str | None) -> str:
     return str(header.get("reason", "")) if isinstance(header, dict) else ""
 
 
-def _matches(table: pa.Table, window: ReplayFilter) -> pa.Table:
+def _matches(table: pa.Table, window: MessageSelection) -> pa.Table:
     """The rows of ``table`` that pass the filter's reason, header and
     payload parts (queue and time are pushed down to the scan)."""
     if window.payload_text:
@@ -174,7 +156,7 @@ def _matches(table: pa.Table, window: ReplayFilter) -> pa.Table:
     return table
 
 
-def archive_count(window: ReplayFilter) -> int:
+def archive_count(window: MessageSelection) -> int:
     """How many archived messages a replay filter matches."""
     dataset = _dataset()
     if dataset is None:

@@ -1,0 +1,212 @@
+"""Replay jobs: dead (or delivered, or archived) messages written back to
+queues in bulk by a Spark job (workers.spark.replay).
+
+A job is checked whole at submission (``replay_job_submit``): anything wrong
+is refused with an error per field and nothing is written. Workers launch
+it; the Spark driver reports through ``replay_run_*`` below. Every run of a
+job writes each source message at most once (the ReplayedMessage record),
+so a failed or cancelled job may simply be run again. What a job reads is
+``broker.pipeline.source``'s; reads for display are in
+``broker.pipeline.selectors``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from broker.errors import ReplayJobBusy, ReplayJobNotFound
+from broker.models import Queue, QueueKind, ReplayJob, ReplayJobStatus, ReplaySource
+from broker.pipeline.selection import ReplaySpec, replay_validate
+from broker.services.audit import Actor, audit_record
+from broker.services.transitions.replayed import messages_replay_staged
+from broker.signals import messages_available, replay_job_submitted
+
+logger = logging.getLogger(__name__)
+
+# A running job whose driver has been silent this long is taken for dead.
+STALE_AFTER = timedelta(minutes=2)
+
+
+# --- submitting, cancelling, running again ---------------------------------------
+
+
+def _user(actor: Actor) -> Any:
+    return actor if actor is not None and actor.is_authenticated else None
+
+
+@transaction.atomic
+def replay_job_submit(*, spec: ReplaySpec, actor: Actor) -> ReplayJob:
+    """Check and queue a replay job; a worker launches its Spark job."""
+    replay_validate(spec)
+    job = ReplayJob.objects.create(
+        source=spec.source,
+        source_queue=spec.source_queue,
+        filters=spec.filter.stored(),
+        target_queue=spec.target_queue,
+        rules_text=spec.rules_text,
+        velocity=spec.velocity,
+        dry_run=spec.dry_run,
+        created_by=_user(actor),
+    )
+    audit_record(
+        action="replay_submit",
+        actor=actor,
+        queue_name=spec.target_queue or spec.source_queue,
+        details={"job": job.id, "dry_run": spec.dry_run, "source": spec.source},
+    )
+    replay_job_submitted.send(sender=ReplayJob, job=job)
+    return job
+
+
+@transaction.atomic
+def replay_job_cancel(*, job_id: int, actor: Actor) -> ReplayJob:
+    """Stop a job: a queued one at once, a running one as soon as its
+    launcher sees the request (it stops the Spark driver; what was written
+    stays written, and a run again completes the job)."""
+    job = ReplayJob.objects.select_for_update().filter(id=job_id).first()
+    if job is None:
+        raise ReplayJobNotFound(f"There is no replay job {job_id}.")
+    if job.finished:
+        raise ReplayJobBusy(f"Replay job {job_id} has already finished ({job.status}).")
+    job.cancel_requested = True
+    fields = ["cancel_requested"]
+    if job.status == ReplayJobStatus.QUEUED:
+        job.status = ReplayJobStatus.CANCELLED
+        job.finished_at = timezone.now()
+        fields += ["status", "finished_at"]
+    job.save(update_fields=fields)
+    audit_record(action="replay_cancel", actor=actor, details={"job": job.id})
+    return job
+
+
+def _stale(job: ReplayJob) -> bool:
+    seen = job.heartbeat_at or job.started_at
+    return seen is None or timezone.now() - seen > STALE_AFTER
+
+
+@transaction.atomic
+def replay_job_run_again(*, job_id: int, actor: Actor) -> ReplayJob:
+    """Queue a finished, failed or cancelled job again (a running one whose
+    driver went silent too): it writes only what its earlier runs did not."""
+    job = ReplayJob.objects.select_for_update().filter(id=job_id).first()
+    if job is None:
+        raise ReplayJobNotFound(f"There is no replay job {job_id}.")
+    if job.status == ReplayJobStatus.QUEUED or (
+        job.status == ReplayJobStatus.RUNNING and not _stale(job)
+    ):
+        raise ReplayJobBusy(f"Replay job {job_id} is {job.status}; wait for it or cancel it.")
+    job.status = ReplayJobStatus.QUEUED
+    job.cancel_requested = False
+    job.error = ""
+    job.finished_at = None
+    job.save(update_fields=["status", "cancel_requested", "error", "finished_at"])
+    audit_record(action="replay_run_again", actor=actor, details={"job": job.id})
+    replay_job_submitted.send(sender=ReplayJob, job=job)
+    return job
+
+
+# --- what the Spark driver reports -------------------------------------------------
+
+
+def replay_run_start(*, job_id: int, pid: int) -> ReplayJob | None:
+    """Take a queued job for this driver; None when it is not queued (a
+    cancel came first, or another driver has it)."""
+    now = timezone.now()
+    taken = ReplayJob.objects.filter(id=job_id, status=ReplayJobStatus.QUEUED).update(
+        status=ReplayJobStatus.RUNNING,
+        driver_pid=pid,
+        runs=F("runs") + 1,
+        started_at=now,
+        heartbeat_at=now,
+        read=0,
+        matched=0,
+        written=0,
+        skipped=0,
+        failed=0,
+        per_target={},
+        per_rule={},
+        sample=[],
+        spark_app_id="",
+    )
+    return ReplayJob.objects.get(id=job_id) if taken else None
+
+
+def replay_run_progress(*, job_id: int, **values: Any) -> bool:
+    """Store the job's counts; returns whether a cancel was asked for."""
+    ReplayJob.objects.filter(id=job_id).update(heartbeat_at=timezone.now(), **values)
+    return ReplayJob.objects.filter(id=job_id, cancel_requested=True).exists()
+
+
+def replay_stage_clear(*, job_id: int, upto: int | None = None) -> None:
+    """Empty the job's staging rows (up to a source id)."""
+    with connection.cursor() as cursor:
+        if upto is None:
+            cursor.execute("DELETE FROM broker_replaystage WHERE job_id = %s", [job_id])
+        else:
+            cursor.execute(
+                "DELETE FROM broker_replaystage WHERE job_id = %s AND source_id <= %s",
+                [job_id, upto],
+            )
+
+
+def replay_stage_analyze() -> None:
+    """Refresh the statistics of the staging table and of the job records
+    after a load, so the insert that follows is planned for the rows they
+    hold now: with stale figures for a job's records the planner may rescan
+    them for every staged row (minutes instead of seconds per range)."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_replaystage, broker_replayedmessage")
+
+
+def replay_write_staged(*, job: ReplayJob, after: int, upto: int) -> dict[str, int]:
+    """Write the staged messages of (after, upto] in one transaction and wake
+    their queues; returns messages written per queue name."""
+    with transaction.atomic():
+        by_id = messages_replay_staged(
+            job_id=job.id, after=after, upto=upto, from_archive=job.source == ReplaySource.ARCHIVE
+        )
+        queues = Queue.objects.in_bulk(list(by_id))
+        for queue_id, count in by_id.items():
+            queue = queues[queue_id]
+            if queue.kind == QueueKind.STANDARD:
+                messages_available.send(sender=Queue, queue=queue, count=count)
+    return {queues[queue_id].name: count for queue_id, count in by_id.items()}
+
+
+@transaction.atomic
+def replay_run_finish(
+    *, job_id: int, status: str, error: str = "", actor_name: str = ""
+) -> ReplayJob:
+    """Close a run: its status, any error, and the job's audit event, in one
+    transaction, so whoever sees the run ended also finds its audit event."""
+    ReplayJob.objects.filter(id=job_id).update(
+        status=status, error=error[:4000], finished_at=timezone.now(), driver_pid=None
+    )
+    replay_stage_clear(job_id=job_id)
+    job = ReplayJob.objects.select_related("created_by").get(id=job_id)
+    audit_record(
+        action="replay_finish",
+        actor=job.created_by,
+        queue_name=job.target_queue or job.source_queue,
+        reason=error[:500],
+        details={
+            "job": job.id,
+            "status": status,
+            "dry_run": job.dry_run,
+            "read": job.read,
+            "matched": job.matched,
+            "written": job.written,
+            "skipped": job.skipped,
+            "failed": job.failed,
+            "per_target": job.per_target,
+            "per_rule": job.per_rule,
+            "spark_app_id": job.spark_app_id,
+        },
+    )
+    return job

@@ -1,0 +1,141 @@
+"""Which messages a pipeline job takes (``MessageSelection``), what a
+replay job does (``ReplaySpec``), and the rules of a valid one
+(``replay_validate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from broker.errors import InvalidInput
+from broker.models import Queue, QueueKind, ReplayJob, ReplaySource
+from broker.rules import parse
+
+MAX_VELOCITY = 1_000_000
+MAX_TEXT_FILTER = 1000
+
+
+@dataclass(frozen=True)
+class MessageSelection:
+    """Which messages a job takes (a replay its sources, an archive count
+    what it holds): on these queues (for a dead-letter queue, the queues they
+    were dead-lettered from), with this dead-letter reason, published in
+    [since, until), with header ``name=value``, with this text in their
+    payload. Empty parts take everything."""
+
+    queues: tuple[str, ...] = ()
+    reason: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    header: str = ""
+    payload_text: str = ""
+
+    def stored(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["queues"] = list(self.queues)
+        for key in ("since", "until"):
+            values[key] = values[key].isoformat() if values[key] else None
+        return {key: value for key, value in values.items() if value}
+
+    @classmethod
+    def from_stored(cls, values: dict[str, Any]) -> MessageSelection:
+        return cls(
+            queues=tuple(values.get("queues", ())),
+            reason=values.get("reason", ""),
+            since=datetime.fromisoformat(values["since"]) if values.get("since") else None,
+            until=datetime.fromisoformat(values["until"]) if values.get("until") else None,
+            header=values.get("header", ""),
+            payload_text=values.get("payload_text", ""),
+        )
+
+    @property
+    def header_pair(self) -> tuple[str, str] | None:
+        if not self.header:
+            return None
+        name, _, value = self.header.partition("=")
+        return name.strip(), value
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """What a replay job does; see ReplayJob."""
+
+    source: str
+    source_queue: str = ""
+    filter: MessageSelection = field(default_factory=MessageSelection)
+    target_queue: str = ""
+    rules_text: str = ""
+    velocity: int | None = None
+    dry_run: bool = False
+
+    @classmethod
+    def of(cls, job: ReplayJob) -> ReplaySpec:
+        return cls(
+            source=job.source,
+            source_queue=job.source_queue,
+            filter=MessageSelection.from_stored(job.filters),
+            target_queue=job.target_queue,
+            rules_text=job.rules_text,
+            velocity=job.velocity,
+            dry_run=job.dry_run,
+        )
+
+
+def _queue_problems(spec: ReplaySpec) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    names = {spec.source_queue, spec.target_queue, *spec.filter.queues} - {""}
+    queues = {queue.name: queue for queue in Queue.objects.filter(name__in=names)}
+    if spec.source == ReplaySource.DEAD_LETTER:
+        source = queues.get(spec.source_queue)
+        if not spec.source_queue:
+            errors["source_queue"] = ["Name the dead-letter queue to replay from."]
+        elif source is None:
+            errors["source_queue"] = [f"There is no queue named {spec.source_queue!r}."]
+        elif source.kind != QueueKind.DEAD_LETTER:
+            errors["source_queue"] = [f"{spec.source_queue} is not a dead-letter queue."]
+    elif spec.source_queue:
+        errors["source_queue"] = ["Only a dead-letter source names a source queue."]
+    unknown = sorted(set(spec.filter.queues) - set(queues))
+    if unknown:
+        errors["queues"] = [f"There is no queue named {', '.join(map(repr, unknown))}."]
+    if spec.target_queue:
+        target = queues.get(spec.target_queue)
+        if target is None:
+            errors["target_queue"] = [f"There is no queue named {spec.target_queue!r}."]
+        elif target.kind == QueueKind.DEAD_LETTER:
+            errors["target_queue"] = [
+                f"{spec.target_queue} is a dead-letter queue; replay to a queue that delivers."
+            ]
+    return errors
+
+
+def replay_validate(spec: ReplaySpec) -> None:
+    """Refuse a job that cannot run as asked, with every problem by field."""
+    errors: dict[str, list[str]] = {}
+    if spec.source not in ReplaySource.values:
+        errors["source"] = [f"Choose one of {', '.join(ReplaySource.values)}."]
+    errors.update(_queue_problems(spec))
+    window = spec.filter
+    if window.since and window.until and window.until <= window.since:
+        errors["until"] = ["The time range ends before it starts."]
+    pair = window.header_pair
+    if pair is not None and (not pair[0] or "=" not in window.header):
+        errors["header"] = ["Write the header filter as name=value."]
+    for name, value in (("payload_text", window.payload_text), ("reason", window.reason)):
+        if len(value) > MAX_TEXT_FILTER:
+            errors[name] = [f"At most {MAX_TEXT_FILTER} characters."]
+    if spec.velocity is not None and not 1 <= spec.velocity <= MAX_VELOCITY:
+        errors["velocity"] = [
+            f"Give from 1 to {MAX_VELOCITY:,} messages per second, or leave it empty for no limit."
+        ]
+    if spec.rules_text.strip():
+        result = parse(spec.rules_text)
+        if result.errors:
+            errors["rules_text"] = [
+                f"line {error.line}, column {error.column}: {error.message}"
+                for error in result.errors
+            ]
+    if errors:
+        raise InvalidInput("The replay job is not valid.", field_errors=errors)

@@ -1,0 +1,117 @@
+"""What the Spark drivers read: the SQL of a replay job's source (and its
+size), counted here too for a preview.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC
+
+from django.db import connection
+from psycopg import sql
+
+from broker.models import ReplaySource
+from broker.pipeline.selection import ReplaySpec
+
+_SOURCE_STATES: dict[str, str] = {
+    ReplaySource.BLACKLIST.value: "NDLV",
+    ReplaySource.FAILED.value: "FAIL",
+    ReplaySource.DELIVERED.value: "DLVD",
+}
+
+_COLUMNS = sql.SQL(
+    "m.id, CASE WHEN q.kind = 'dead_letter' THEN m.dead_letter->>'original_queue' "
+    "ELSE q.name END AS original_queue, q.name AS queue_name, m.dead_letter::text AS dead_letter, "
+    "m.headers::text AS headers, m.content_type, m.put_application, m.put_user, m.created_at"
+)
+
+
+def source_predicate(spec: ReplaySpec, *, all_filters: bool) -> sql.Composed:
+    """The SQL condition (on message ``m`` of queue ``q``) for a hot-table
+    source. The Spark job reads with the source, queue and time parts and
+    applies the rest itself; ``all_filters`` adds the rest too (for counts)."""
+    window = spec.filter
+    parts: list[sql.Composable] = []
+    if spec.source == ReplaySource.DEAD_LETTER:
+        parts.append(
+            sql.SQL("q.name = {} AND m.state = 'TBDL'").format(sql.Literal(spec.source_queue))
+        )
+        if window.queues:
+            parts.append(
+                sql.SQL("m.dead_letter->>'original_queue' = ANY({})").format(
+                    sql.Literal(list(window.queues))
+                )
+            )
+    else:
+        parts.append(sql.SQL("m.state = {}").format(sql.Literal(_SOURCE_STATES[spec.source])))
+        if window.queues:
+            parts.append(sql.SQL("q.name = ANY({})").format(sql.Literal(list(window.queues))))
+    # In UTC: Python takes offsets up to ±23:59, PostgreSQL only to ±15:59.
+    if window.since:
+        since = window.since.astimezone(UTC)
+        parts.append(sql.SQL("m.created_at >= {}").format(sql.Literal(since)))
+    if window.until:
+        until = window.until.astimezone(UTC)
+        parts.append(sql.SQL("m.created_at < {}").format(sql.Literal(until)))
+    if all_filters:
+        if window.reason:
+            parts.append(
+                sql.SQL("m.dead_letter->>'reason' = {}").format(sql.Literal(window.reason))
+            )
+        pair = window.header_pair
+        if pair is not None:
+            parts.append(
+                sql.SQL("m.headers->>{} = {}").format(sql.Literal(pair[0]), sql.Literal(pair[1]))
+            )
+        if window.payload_text:
+            parts.append(
+                sql.SQL("position(convert_to({}, 'UTF8') in m.payload) > 0").format(
+                    sql.Literal(window.payload_text)
+                )
+            )
+    return sql.SQL(" AND ").join(parts)
+
+
+def _render(query: sql.Composable) -> str:
+    connection.ensure_connection()
+    return query.as_string(connection.connection)
+
+
+def source_query(spec: ReplaySpec, *, with_payload: bool) -> str:
+    """The SELECT the Spark job reads over JDBC (partitioned on ``id``)."""
+    columns = sql.SQL("{}, m.payload").format(_COLUMNS) if with_payload else _COLUMNS
+    query = sql.SQL(
+        "SELECT {} FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id WHERE {}"
+    ).format(columns, source_predicate(spec, all_filters=False))
+    return _render(query)
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    rows: int
+    first_id: int
+    last_id: int
+
+
+def source_range(spec: ReplaySpec) -> SourceRange:
+    """How many rows the job reads and their id range."""
+    query = sql.SQL(
+        "SELECT count(*), coalesce(min(m.id), 0), coalesce(max(m.id), 0) "
+        "FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id WHERE {}"
+    ).format(source_predicate(spec, all_filters=False))
+    with connection.cursor() as cursor:
+        cursor.execute(_render(query))
+        rows, first, last = cursor.fetchone()
+    return SourceRange(rows, first, last)
+
+
+def source_count(spec: ReplaySpec) -> int:
+    """How many hot-table messages the whole filter matches."""
+    query = sql.SQL(
+        "SELECT count(*) FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id "
+        "WHERE {}"
+    ).format(source_predicate(spec, all_filters=True))
+    with connection.cursor() as cursor:
+        cursor.execute(_render(query))
+        (count,) = cursor.fetchone()
+    return int(count)
