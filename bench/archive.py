@@ -36,7 +36,7 @@ from bench._harness import (
     since,
 )
 from bench._loaders import age_delivered, copy_batch
-from bench.replay import (
+from bench._spark import (
     DRIVER_ENV,
     JDBC_APPLICATION,
     Sampler,
