@@ -35,7 +35,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench.deliver import claim_and_ack
+    from bench._celery import claim_and_ack
     from broker.services.delivery import worker_name
 
     claim: dict[str, Any] = {

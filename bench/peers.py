@@ -31,11 +31,23 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
+from bench._celery import (
+    Bench,
+    celery_processes,
+    drain_paused_queue,
+    flush_redis,
+    make_queue,
+    new_message,
+    private_redis,
+    publish_messages,
+    verify_delivered,
+)
 from bench._harness import (
     BENCH_DB,
     PRODUCTION_ENV,
     ROOT,
     BenchError,
+    batch_list,
     close_django,
     database_urls,
     drop_database,
@@ -52,21 +64,6 @@ from bench._harness import (
 from bench._harness import parser as harness_parser
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
 from bench._venv import VenvError, venv_python
-from bench.deliver import (
-    Bench,
-    batch_list,
-    celery_processes,
-    drain_paused_queue,
-    flush_redis,
-    make_queue,
-    new_message,
-    private_redis,
-    publish_messages,
-    verify_delivered,
-)
-from bench.deliver import (
-    Options as DeliverOptions,
-)
 
 if TYPE_CHECKING:
     from rig.processes import RedisServer
@@ -1172,17 +1169,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
         ctx.redis = stack.enter_context(shared_redis(ctx, ctx.directory / "redis"))
         if ctx.redis is not None and "lazaretto" in ctx.options.systems:
             ctx.deliver = Bench(
-                DeliverOptions(
-                    messages=ctx.options.messages,
-                    batches=ctx.options.batches,
-                    concurrency=WORKERS,
-                    size=SIZE,
-                    batch1_messages=ctx.options.batch1_messages,
-                    isolation=False,
-                ),
-                ctx.bench_url,
-                ctx.redis,
-                ctx.payload,
+                ctx.bench_url, ctx.redis, ctx.payload, concurrency=WORKERS, size=SIZE
             )
         for system, batch, count in ctx.options.plan():
             where = system if batch is None else f"{system} batch {batch}"

@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from bench._celery import private_redis
 from bench._harness import (
     BenchError,
     batch_sizes,
@@ -402,8 +403,6 @@ class Figures:
 
 
 def run_all(options: Options, bench_url: str) -> Figures:
-    from bench.deliver import private_redis
-
     figures = Figures()
     with (
         tempfile.TemporaryDirectory(prefix="bench-archive-") as archive,

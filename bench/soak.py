@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from bench import _celery
 from bench import _harness as harness
-from bench import deliver
 from bench._harness import (
     ROOT,
     BenchError,
@@ -133,9 +133,9 @@ IDLE_TXN_SQL = (
     "(SELECT 1 FROM broker_message LIMIT 1) AS one)"
 )
 IDLE_STATE_SQL = "SELECT state, backend_xid::text FROM pg_stat_activity WHERE pid = %s"
-# Celery's words for a task that raised (deliver.py stops on the first; a
+# Celery's words for a task that raised (bench.deliver stops on the first; a
 # soak counts them and goes on: the final check says whether anything was lost).
-TASK_FAILED = deliver.TASK_FAILED + ": "
+TASK_FAILED = _celery.TASK_FAILED + ": "
 
 
 # --- arguments ------------------------------------------------------------------
@@ -822,49 +822,49 @@ class Run:
     started_utc: str
 
 
-def measure_drain(bench: deliver.Bench, count: int) -> Drain:
-    """deliver.py's Celery path: ``count`` messages published paused to a
+def measure_drain(bench: _celery.Bench, count: int) -> Drain:
+    """bench.deliver's Celery path (bench/_celery.py): ``count`` messages published paused to a
     fresh noop queue (batch size 100), drained by 2 delivery processes; the
     clock runs from the first claim to all DLVD. The messages are deleted
     afterwards, so the soak starts on an empty table."""
-    queue = deliver.make_queue(
+    queue = _celery.make_queue(
         DRAIN_QUEUE_NAME,
         consumer="noop",
         batch_size=BATCH_SIZE,
-        size=bench.options.size,
+        size=bench.size,
         paused=True,
     )
     log(f"drain: publishing {count} messages to {queue.name}")
-    deliver.publish_messages(queue, deliver.new_message(bench.payload), count)
-    deliver.flush_redis(bench.redis)
+    _celery.publish_messages(queue, _celery.new_message(bench.payload), count)
+    _celery.flush_redis(bench.redis)
     checkpoint()
-    seconds, first_claim = deliver.run_celery(bench, queue, count)
-    deliver.verify_delivered(queue, count, "drain")
+    seconds, first_claim = _celery.run_celery(bench, queue, count)
+    _celery.verify_delivered(queue, count, "drain")
     drain = Drain(count, seconds, first_claim)
     log(f"drain: {drain.rate:.0f} msgs/s")
     queue_empty(bench.bench_url, queue.id)
     return drain
 
 
-def measure_loaded_drain(bench: deliver.Bench, offered: float) -> float:
+def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
     """Messages acknowledged per second while a publisher offers ``offered``
     msgs/s to a fresh noop queue (batch size 100) and 2 delivery processes
     deliver them, counted over LOADED_SECONDS after LOADED_WARMUP_SECONDS.
     The backlog is drained and the messages deleted afterwards."""
-    queue = deliver.make_queue(
-        LOADED_QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=bench.options.size
+    queue = _celery.make_queue(
+        LOADED_QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=bench.size
     )
     publisher = Publisher(
         queue_name=queue.name,
         rate=offered,
-        message=deliver.new_message(bench.payload),
+        message=_celery.new_message(bench.payload),
         sample_every=sys.maxsize,
     )
     log(f"drain while publishing: offering {offered:.0f} msgs/s to {queue.name}")
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
-        deliver.celery_processes(bench, Path(directory)),
+        _celery.celery_processes(bench, Path(directory)),
     ):
 
         def check() -> None:
@@ -896,7 +896,7 @@ def vacuum_and_checkpoint(bench_url: str) -> None:
 
 
 def make_soak_queue(size: int) -> Queue:
-    return deliver.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
+    return _celery.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
 
 
 @dataclass
@@ -997,7 +997,7 @@ class Recorded:
     task_errors: list[str]
 
 
-def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run:
+def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run:
     """Publish at the soak's rate through its phases, drain the backlog,
     and gather every window's figures."""
     rate = soak_rate(options, drain)
@@ -1014,7 +1014,7 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
     publisher = Publisher(
         queue_name=queue.name,
         rate=rate,
-        message=deliver.new_message(bench.payload),
+        message=_celery.new_message(bench.payload),
         sample_every=every,
     )
     sampler = LatencySampler(bench_url=bench.bench_url, publisher=publisher)
@@ -1026,7 +1026,7 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
         f"recovery {options.recovery_minutes:g} min); latency of 1 message in {every}"
     )
     recorded = record_soak(bench, queue, windows, publisher, sampler, idle)
-    deliver.verify_delivered(queue, recorded.published, "soak")
+    _celery.verify_delivered(queue, recorded.published, "soak")
     readings = recorded.readings
     acks = [(at - recorded.started_epoch, seconds) for at, seconds in sampler.acks]
     binned = bin_latencies(acks, windows)
@@ -1057,7 +1057,7 @@ def run_soak(options: Options, bench: deliver.Bench, drain: Drain | None) -> Run
 
 
 def record_soak(
-    bench: deliver.Bench,
+    bench: _celery.Bench,
     queue: Queue,
     windows: Sequence[Window],
     publisher: Publisher,
@@ -1072,7 +1072,7 @@ def record_soak(
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
-        deliver.celery_processes(bench, Path(directory)),
+        _celery.celery_processes(bench, Path(directory)),
     ):
         layout = describe_layout(read_relations(conn))
         tasks = TaskWatch(Path(directory))
@@ -1131,7 +1131,7 @@ def wait_drained(
 ) -> float:
     """Wait until the queue's DLVD counter reaches ``count``, logging the
     progress every DRAIN_LOG_SECONDS; fails when it stops moving for
-    deliver.STALL_TIMEOUT_SECONDS. Returns the seconds it took: after an
+    _celery.STALL_TIMEOUT_SECONDS. Returns the seconds it took: after an
     overloaded run, the backlog is drained after the clock."""
     began = logged = time.monotonic()
     delivered, moved = -1, began
@@ -1139,16 +1139,16 @@ def wait_drained(
         now = time.monotonic()
         if now_delivered != delivered:
             delivered, moved = now_delivered, now
-        elif now - moved > deliver.STALL_TIMEOUT_SECONDS:
+        elif now - moved > _celery.STALL_TIMEOUT_SECONDS:
             raise BenchError(
                 f"soak: delivery stalled at {delivered} of {count} DLVD "
-                f"for {deliver.STALL_TIMEOUT_SECONDS:.0f}s"
+                f"for {_celery.STALL_TIMEOUT_SECONDS:.0f}s"
             )
         if now - logged >= DRAIN_LOG_SECONDS:
             log(f"draining: {count - delivered} left after {now - began:.0f} s")
             logged = now
         check()
-        time.sleep(deliver.POLL_SECONDS * 10)
+        time.sleep(_celery.POLL_SECONDS * 10)
     return time.monotonic() - began
 
 
@@ -1164,27 +1164,21 @@ def run_all(options: Options, bench_url: str) -> Run:
     payload = make_payload(options.size)
     with (
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
-        deliver.private_redis(Path(directory)) as redis_server,
+        _celery.private_redis(Path(directory)) as redis_server,
     ):
-        bench = deliver.Bench(
-            deliver.Options(
-                messages=options.drain_messages,
-                batches=(BATCH_SIZE,),
-                concurrency=CONCURRENCY,
-                size=options.size,
-                batch1_messages=options.drain_messages,
-                isolation=False,
-            ),
+        bench = _celery.Bench(
             bench_url,
             redis_server,
             payload,
+            concurrency=CONCURRENCY,
+            size=options.size,
         )
         drain = None if options.rate is not None else measure_drain(bench, options.drain_messages)
         if drain is not None and options.drain_while_publishing:
-            deliver.flush_redis(redis_server)
+            _celery.flush_redis(redis_server)
             loaded = measure_loaded_drain(bench, drain.rate)
             drain = dataclasses.replace(drain, loaded_rate=loaded)
-        deliver.flush_redis(redis_server)
+        _celery.flush_redis(redis_server)
         return run_soak(options, bench, drain)
 
 

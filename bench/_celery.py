@@ -1,0 +1,288 @@
+"""What the delivery benches (bench.deliver, bench.soak, bench.peers) share:
+a private redis-server, queues published through the service, Lazaretto's
+Celery processes draining a paused queue, the check that every message was
+delivered, and the bare claim+ack step the workers are compared with."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from bench._harness import DEPTH_SQL, PRODUCTION_ENV, BenchError, batch_sizes, depths, log
+from bench._loaders import PUT_APPLICATION, PUT_USER
+
+if TYPE_CHECKING:
+    from broker.models import Queue
+    from broker.services.publish import NewMessage
+    from rig.processes import RedisServer, Workers
+
+PUBLISH_BATCH = 1000
+CONTENT_TYPE = "application/octet-stream"
+# Workers run as in production: DEBUG off (no query log), so they need a key.
+WORKER_ENV = PRODUCTION_ENV
+# Celery clock: polled fast until the first claim shows, then every 50 ms.
+START_POLL_SECONDS = 0.01
+POLL_SECONDS = 0.05
+WAKE_TIMEOUT_SECONDS = 30.0
+STALL_TIMEOUT_SECONDS = 60.0
+# How often the workers' logs are read for failed tasks (Celery's own wording).
+CHECK_TASKS_SECONDS = 1.0
+TASK_FAILED = "raised unexpected"
+
+OUTCOME_SQL = """
+SELECT count(*) FILTER (WHERE state = 'DLVD'), count(*) FILTER (WHERE attempts > 1), count(*)
+FROM broker_message WHERE queue_id = %s
+"""
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every Celery phase needs: the bench database, the private Redis,
+    the payload, and the workers' --concurrency and message size."""
+
+    bench_url: str
+    redis: RedisServer
+    payload: bytes
+    concurrency: int
+    size: int
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def make_queue(
+    name: str, *, consumer: str, batch_size: int, size: int, paused: bool = False
+) -> Queue:
+    from broker.services.queues import queue_create
+
+    return queue_create(
+        name=name,
+        consumer=consumer,
+        batch_size=batch_size,
+        max_payload_bytes=max(size, 1024 * 1024),
+        paused=paused,
+    )
+
+
+def publish_messages(queue: Queue, message: NewMessage, count: int) -> None:
+    """``count`` copies of ``message`` through the publish service, 1000 a call.
+    Each call also sends its wake-ups to the (private) Redis."""
+    from broker.services.publish import messages_publish
+
+    for size in batch_sizes(count, PUBLISH_BATCH):
+        messages_publish(
+            queue_name=queue.name,
+            messages=[message] * size,
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
+
+
+def new_message(payload: bytes, headers: dict[str, str] | None = None) -> NewMessage:
+    from broker.services.publish import NewMessage
+
+    return NewMessage(payload=payload, content_type=CONTENT_TYPE, headers=headers or {})
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[RedisServer]:
+    """A redis-server of our own; this process's Celery app sends its wake-ups there."""
+    from rig.processes import RedisServer, point_celery_at
+
+    server = RedisServer(directory=directory)
+    try:
+        try:
+            server.start()
+        except AssertionError as error:  # rig.processes' timeouts
+            raise BenchError(f"redis-server: {error}") from None
+        point_celery_at(server.url)
+        yield server
+    finally:
+        server.stop()
+
+
+def flush_redis(server: RedisServer) -> None:
+    """Drop every wake-up still queued (or left unacked by killed workers)."""
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+# --- Celery processes -------------------------------------------------------------
+
+
+def worker_env(bench_url: str) -> dict[str, str]:
+    """On top of rig.processes.Workers' env: the bench database, DEBUG off, and
+    the sweep and dispatch intervals this process has (the settings' defaults
+    unless the caller's environment overrides them), not the rig's 0.25 s."""
+    from django.conf import settings
+
+    return {
+        **WORKER_ENV,
+        "DATABASE_URL": bench_url,
+        "LAZARETTO_SWEEP_INTERVAL_SECONDS": str(settings.LAZARETTO_SWEEP_INTERVAL_SECONDS),
+        "LAZARETTO_DISPATCH_INTERVAL_SECONDS": str(settings.LAZARETTO_DISPATCH_INTERVAL_SECONDS),
+    }
+
+
+def log_tails(workers: Workers, limit: int = 1500) -> str:
+    return "\n".join(
+        f"--- {name}.log\n{workers.log(name)[-limit:]}"
+        for name in ("deliveries", "control", "beat")
+    )
+
+
+def start_workers(workers: Workers) -> None:
+    """Returns once the deliveries and control workers and beat logged that they run."""
+    try:
+        workers.start()
+    except AssertionError as error:  # rig.processes.wait_until timed out
+        raise BenchError(f"Celery processes did not start: {error}") from None
+
+
+@contextmanager
+def celery_processes(
+    bench: Bench, directory: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Workers]:
+    """A deliveries worker (--concurrency C), a control worker and beat, as
+    rig.processes.Workers starts them, with ``extra_env`` on top of
+    worker_env(); their process groups are killed on the way out, and their
+    logs end a failure's message."""
+    from rig.processes import Workers
+
+    workers = Workers(
+        directory=directory,
+        broker_url=bench.redis.url,
+        concurrency=bench.concurrency,
+        extra_env={**worker_env(bench.bench_url), **(extra_env or {})},
+    )
+    try:
+        start_workers(workers)
+        yield workers
+    except BenchError as error:
+        raise BenchError(f"{error}\n{log_tails(workers)}") from None
+    finally:
+        workers.stop()
+
+
+# --- the bare claim + ack step ---------------------------------------------------
+
+
+def claim_and_ack(conn: psycopg.Connection[Any], claim: dict[str, Any]) -> int:
+    """One batch, two transactions as the service does: the claim, then the ack.
+    Returns how many messages it delivered (0: nothing left)."""
+    from broker.services.transitions.in_flight import ACK_SQL, CLAIM_SQL
+
+    with conn.transaction():
+        ids = [row[0] for row in conn.execute(CLAIM_SQL, claim).fetchall()]
+    if not ids:
+        return 0
+    with conn.transaction():
+        acked = conn.execute(ACK_SQL, {"ids": ids, "owner": claim["owner"]}).rowcount
+    if acked != len(ids):
+        raise BenchError(f"bare: claimed {len(ids)} messages but acked {acked}")
+    return acked
+
+
+# --- Celery draining a paused queue -------------------------------------------------
+
+
+def wait_first_claim(conn: psycopg.Connection[Any], queue_id: int, count: int) -> float:
+    """perf_counter() when the queue's TBDL counter first drops below ``count``."""
+    deadline = time.perf_counter() + WAKE_TIMEOUT_SECONDS
+    while depths(conn, queue_id).get("TBDL", 0) >= count:
+        if time.perf_counter() > deadline:
+            raise BenchError(f"celery: nothing claimed {WAKE_TIMEOUT_SECONDS:.0f}s after unpausing")
+        time.sleep(START_POLL_SECONDS)
+    return time.perf_counter()
+
+
+def check_tasks(workers: Workers) -> None:
+    """Fail on the first task that raised in the deliveries or control worker
+    (a task that dies after each batch would otherwise crawl, never stall)."""
+    for name in ("deliveries", "control"):
+        text = workers.log(name)
+        at = text.find(TASK_FAILED)
+        if at >= 0:
+            raise BenchError(f"celery: a task failed in the {name} worker:\n{text[at : at + 2000]}")
+
+
+def wait_all_delivered(
+    conn: psycopg.Connection[Any], queue_id: int, count: int, workers: Workers
+) -> float:
+    """perf_counter() when the queue's DLVD counter reaches ``count``; fails
+    when it stops moving for STALL_TIMEOUT_SECONDS or a task fails."""
+    delivered, moved, checked = -1, time.perf_counter(), time.perf_counter()
+    while True:
+        depth = depths(conn, queue_id)
+        now = time.perf_counter()
+        if depth.get("DLVD", 0) >= count:
+            return now
+        if depth.get("DLVD", 0) != delivered:
+            delivered, moved = depth.get("DLVD", 0), now
+        elif now - moved > STALL_TIMEOUT_SECONDS:
+            raise BenchError(f"celery: delivery stalled for {STALL_TIMEOUT_SECONDS:.0f}s: {depth}")
+        if now - checked > CHECK_TASKS_SECONDS:
+            check_tasks(workers)
+            checked = now
+        time.sleep(POLL_SECONDS)
+
+
+def drain_paused_queue(
+    conn: psycopg.Connection[Any], workers: Workers, queue: Queue, count: int
+) -> tuple[float, float]:
+    """Unpause the queue (the Celery processes all run) and time them
+    draining it. Returns (seconds from the first claim to all ``count`` DLVD,
+    seconds from unpausing to that first claim)."""
+    from broker.services.queues import queue_update
+
+    queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
+    released = time.perf_counter()
+    first = wait_first_claim(conn, queue.id, count)
+    done = wait_all_delivered(conn, queue.id, count, workers)
+    check_tasks(workers)
+    log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
+    return done - first, first - released
+
+
+def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
+    """Start the Celery processes and time them draining the paused queue."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
+        psycopg.connect(bench.bench_url, autocommit=True) as conn,
+        celery_processes(bench, Path(directory)) as workers,
+    ):
+        return drain_paused_queue(conn, workers, queue, count)
+
+
+def verify_delivered(queue: Queue, expected: int, path: str) -> None:
+    """Every message of the queue is DLVD, in the table and in the counters."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(OUTCOME_SQL, [queue.id])
+        row = cursor.fetchone()
+        cursor.execute(DEPTH_SQL, [queue.id])
+        depth: dict[str, int] = dict(cursor.fetchall())
+    delivered, redelivered, rows = row if row else (None, None, None)
+    live = sum(depth.get(state, 0) for state in ("TBDL", "DLNG", "NDLV", "FAIL"))
+    if delivered != expected or rows != expected or depth.get("DLVD") != expected or live:
+        raise BenchError(
+            f"{path}: expected {expected} DLVD messages; table has {delivered} of {rows}, "
+            f"counters say {depth}"
+        )
+    log(
+        f"{path}: verified {delivered} DLVD (rows and counters), "
+        f"{redelivered} delivered more than once"
+    )
