@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pgmq import PGMQueue, install_pgmq_from_sql  # type: ignore[import-not-found]
 
-from bench._peer_worker import QUEUE, Tally, arguments, chunks, payload, wait_for_go
+from bench._peer_worker import QUEUE, Tally, chunks, payload, run_command, wait_for_go
 
 PRELOAD_BATCH = 1000
 # Long enough that no message reappears while the bench runs: each is read once.
@@ -54,11 +54,7 @@ def work(url: str, batch: int) -> None:
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0] if __doc__ else None)
-    if args.command == "prepare":
-        prepare(args.url, args.messages, args.size)
-    else:
-        work(args.url, args.batch)
+    run_command(__doc__, prepare, work)
 
 
 if __name__ == "__main__":

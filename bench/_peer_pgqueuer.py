@@ -21,7 +21,7 @@ from pgqueuer.models import Job  # type: ignore[import-not-found]
 from pgqueuer.queries import Queries  # type: ignore[import-not-found]
 from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
 
-from bench._peer_worker import QUEUE, Tally, arguments, chunks, payload, wait_for_go
+from bench._peer_worker import QUEUE, Tally, chunks, payload, run_command, wait_for_go
 
 PRELOAD_BATCH = 1000
 
@@ -72,11 +72,7 @@ async def work(url: str, batch: int) -> None:
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0] if __doc__ else None)
-    if args.command == "prepare":
-        asyncio.run(prepare(args.url, args.messages, args.size))
-    else:
-        asyncio.run(work(args.url, args.batch))
+    run_command(__doc__, prepare, work)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 
 from procrastinate import App, PsycopgConnector  # type: ignore[import-not-found]
 
-from bench._peer_worker import QUEUE, Tally, arguments, chunks, payload, wait_for_go
+from bench._peer_worker import QUEUE, Tally, chunks, payload, run_command, wait_for_go
 
 PRELOAD_BATCH = 1000
 
@@ -61,7 +61,8 @@ def counted(manager: Any, tally: Tally) -> None:
     manager.fetch_job, manager.finish_job = counted_fetch_job, counted_finish_job
 
 
-async def work(url: str) -> None:
+async def work(url: str, batch: int) -> None:
+    """``batch`` is not used: Procrastinate has none (see above)."""
     tally = Tally()
     app = make_app(url)
     async with app.open_async():
@@ -73,11 +74,7 @@ async def work(url: str) -> None:
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0] if __doc__ else None)
-    if args.command == "prepare":
-        asyncio.run(prepare(args.url, args.messages, args.size))
-    else:
-        asyncio.run(work(args.url))
+    run_command(__doc__, prepare, work)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ neither Django nor the project's packages. The protocol with the bench:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,24 @@ def arguments(description: str | None, argv: list[str] | None = None) -> argpars
     work.add_argument("--url", required=True)
     work.add_argument("--batch", type=int, default=1)
     return parser.parse_args(argv)
+
+
+def run_command(
+    doc: str | None,
+    prepare: Callable[[str, int, int], object],
+    work: Callable[[str, int], object],
+) -> None:
+    """A peer module's main: ``prepare(url, messages, size)`` or
+    ``work(url, batch)`` as the command line says, the module docstring's
+    first line as its description; a coroutine either returns is run with
+    asyncio."""
+    args = arguments(doc.splitlines()[0] if doc else None)
+    if args.command == "prepare":
+        result = prepare(args.url, args.messages, args.size)
+    else:
+        result = work(args.url, args.batch)
+    if isinstance(result, Coroutine):
+        asyncio.run(result)
 
 
 def payload(size: int) -> str:
