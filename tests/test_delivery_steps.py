@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
 from broker.services.delivery import (
     HEAD_CLAIM_COST_FACTOR,
     HEAD_CLAIM_SECONDS,
+    Courier,
     _claim,
     queue_courier,
     queue_deliver,
@@ -43,6 +45,14 @@ def lease(queue: Queue, limit: int, owner: str = "host:1:12345") -> list[int]:
     claimed = [message.id for message in _claim(queue, owner, suspect=False, limit=limit)]
     assert claimed, "nothing to claim"
     return claimed
+
+
+@contextmanager
+def courier_of(queue: Queue) -> Iterator[Courier]:
+    """The queue's courier, as worker test:1 holds it while it delivers."""
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        yield courier
 
 
 def test_a_batch_is_claimed_delivered_and_acknowledged(db):
@@ -101,8 +111,7 @@ def test_a_courier_that_goes_on_claims_its_next_batch_with_the_ack(db):
     published(queue, 25)
     in_flight = Message.objects.filter(state=S.DELIVERING)
 
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+    with courier_of(queue) as courier:
         first = courier.deliver(claim_next=True)
         assert first.acked == 10
         assert sorted(in_flight.values_list("id", flat=True)) == [
@@ -121,8 +130,7 @@ def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_togeth
     queue = queue_create(name="Q", consumer="demo", batch_size=3, retry_backoff_seconds=10)
     failing, *fine = published(queue, 1, NewMessage(payload=b"FAIL")) + published(queue, 4)
 
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+    with courier_of(queue) as courier:
         first = courier.deliver(claim_next=True)
         claimed_next = [message.id for message in courier.claimed_next]
         second = courier.deliver(claim_next=False)
@@ -139,12 +147,16 @@ def publish_urgent() -> int:
     return urgent
 
 
-def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(db):
+@pytest.fixture
+def three_batches(db: None) -> Queue:
+    """Queue Q, delivering batches of ten, with thirty messages waiting."""
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
     published(queue, 30)
+    return queue
 
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+
+def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(three_batches):
+    with courier_of(three_batches) as courier:
         courier.deliver()
         urgent = publish_urgent()
         # Read on from the last batch: the message of higher priority,
@@ -161,26 +173,19 @@ def test_a_courier_reads_on_from_its_last_batch_and_from_the_head_once_a_second(
     assert Message.objects.filter(state=S.DELIVERED).count() == 31
 
 
-def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(db):
-    queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    published(queue, 30)
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+def test_the_next_courier_of_a_queue_reads_on_where_the_last_one_ended(three_batches):
+    with courier_of(three_batches) as courier:
         courier.deliver()
     urgent = publish_urgent()
 
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+    with courier_of(three_batches) as courier:
         assert courier.deliver().acked == 10
 
     assert Message.objects.get(id=urgent).state == S.TO_BE_DELIVERED
 
 
-def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(db):
-    queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    published(queue, 30)
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
+def test_a_claim_from_the_head_that_took_long_comes_that_much_less_often(three_batches):
+    with courier_of(three_batches) as courier:
         courier.deliver()
         urgent = publish_urgent()
         # The last claim from the head took 0.5 s: the next one comes 5 s after it.

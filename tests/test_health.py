@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import psycopg
 import pytest
 from django.db.migrations.loader import MigrationLoader
-from psycopg import sql
 
 from rig.processes import ROOT, database_url_for_workers, free_port, wait_until
+from tests.support.databases import throwaway_database
+from tests.support.processes import manage
 
 pytestmark = pytest.mark.slow
 
@@ -155,30 +155,15 @@ def test_readyz_names_redis_when_the_broker_is_unreachable(db, serve):
 def one_step_behind(db) -> Iterator[tuple[str, str]]:
     """A throwaway database migrated to the end, then the newest broker
     migration taken back; yields its URL and that migration's name."""
-    url = database_url_for_workers()
-    name = f"lazaretto_readyz_{os.getpid()}"
-    admin_url = urlsplit(url)._replace(path="/postgres").geturl()
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    throwaway = urlsplit(url)._replace(path=f"/{name}").geturl()
     newest, previous = sorted(
         migration for app, migration in MigrationLoader(None).disk_migrations if app == "broker"
     )[-1:-3:-1]
-    env = {**os.environ, "DATABASE_URL": throwaway, "DEBUG": "1"}
-    for args in (["migrate", "--noinput"], ["migrate", "broker", previous, "--noinput"]):
-        subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    yield throwaway, newest
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(drop)
+    name = f"lazaretto_readyz_{os.getpid()}"
+    with throwaway_database(database_url_for_workers(), name) as throwaway:
+        for args in (["migrate", "--noinput"], ["migrate", "broker", previous, "--noinput"]):
+            migrated = manage(*args, timeout=300, DATABASE_URL=throwaway)
+            assert migrated.returncode == 0, migrated.stderr
+        yield throwaway, newest
 
 
 def test_readyz_names_an_unapplied_migration(one_step_behind, serve):

@@ -11,11 +11,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from psycopg import sql
+
+from tests.support.databases import throwaway_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,16 +30,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def fresh_database_url():
-    url = os.environ["DATABASE_URL"]
     name = f"lazaretto_make_run_{os.getpid()}"
-    admin_url = urlsplit(url)._replace(path="/postgres").geturl()
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield urlsplit(url)._replace(path=f"/{name}").geturl()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(drop)
+    with throwaway_database(os.environ["DATABASE_URL"], name) as url:
+        yield url
 
 
 def fetch(url: str) -> tuple[int, str]:

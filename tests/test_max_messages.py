@@ -7,8 +7,10 @@ import threading
 import urllib.error
 import urllib.request
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import pytest
+from rest_framework.test import APIClient
 
 from broker.models import AuditEvent, Message, MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish, topic_publish
@@ -16,6 +18,9 @@ from broker.services.queues import queue_create
 from broker.services.topics import subscription_create, topic_create
 from broker.services.transitions.dead_lettered import message_forward
 from tests.support.messages import dead_lettered
+
+if TYPE_CHECKING:
+    from rest_framework.response import _MonkeyPatchedResponse as Response
 
 S = MessageState
 
@@ -26,6 +31,15 @@ def count(queue_name: str) -> int:
 
 def one(queue_name: str, payload: bytes = b"m") -> list[int]:
     return messages_publish(queue_name=queue_name, messages=[NewMessage(payload=payload)])
+
+
+def publish_to_orders(api: APIClient, topic_string: str, payload: str = "x") -> Response:
+    """One message published to topic ORDERS through the API under ``topic_string``."""
+    return api.post(
+        "/api/v1/topics/ORDERS/messages/",
+        {"topic_string": topic_string, "payload": payload},
+        format="json",
+    )
 
 
 @pytest.mark.slow
@@ -191,11 +205,7 @@ def test_a_full_reject_new_subscription_fails_the_whole_topic_publish(orders_top
         messages=[NewMessage(payload=b"x")] * 3,
     )
 
-    response = operator_api.post(
-        "/api/v1/topics/ORDERS/messages/",
-        {"topic_string": "orders/eu/created", "payload": "one more"},
-        format="json",
-    )
+    response = publish_to_orders(operator_api, "orders/eu/created", "one more")
 
     assert response.status_code == 409
     body = response.json()
@@ -240,11 +250,7 @@ def test_the_high_water_flag_rises_at_80_percent(transactional_db, viewer_api):
 
 
 def test_a_topic_publish_without_matching_subscriptions_writes_nothing(orders_topic, operator_api):
-    response = operator_api.post(
-        "/api/v1/topics/ORDERS/messages/",
-        {"topic_string": "orders/eu/cancelled/late", "payload": "x"},
-        format="json",
-    )
+    response = publish_to_orders(operator_api, "orders/eu/cancelled/late")
 
     assert response.status_code == 201
     body = response.json()
@@ -289,11 +295,7 @@ def test_an_unknown_behaviour_is_a_field_error(admin_api, orders_topic):
 def test_a_publish_topic_with_empty_levels_or_wildcards_is_refused(
     operator_api, orders_topic, topic_string
 ):
-    response = operator_api.post(
-        "/api/v1/topics/ORDERS/messages/",
-        {"topic_string": topic_string, "payload": "x"},
-        format="json",
-    )
+    response = publish_to_orders(operator_api, topic_string)
 
     assert response.status_code == 400
     assert "topic_string" in response.json()["field_errors"]

@@ -154,20 +154,14 @@ def test_the_dispatcher_finds_a_due_queue_through_the_index_under_a_large_backlo
     queue = queue_create(name="Q", consumer="noop")
     delayed = queue_create(name="LATER", consumer="noop")
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
-            " state, available_at, put_application, put_user)"
-            " SELECT %s, '\\x00', 'a', '{}', 4, 'TBDL', now() + %s::interval, '', ''"
-            " FROM generate_series(1, 100000)",
-            [queue.id, "0 s"],
-        )
-        cursor.execute(
-            "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
-            " state, available_at, put_application, put_user)"
-            " SELECT %s, '\\x00', 'a', '{}', 4, 'TBDL', now() + %s::interval, '', ''"
-            " FROM generate_series(1, 10)",
-            [delayed.id, "1 hour"],
-        )
+        for waiting, count, due_in in [(queue, 100_000, "0 s"), (delayed, 10, "1 hour")]:
+            cursor.execute(
+                "INSERT INTO broker_message (queue_id, payload, content_type, headers, priority,"
+                " state, available_at, put_application, put_user)"
+                " SELECT %s, '\\x00', 'a', '{}', 4, 'TBDL', now() + %s::interval, '', ''"
+                " FROM generate_series(1, %s)",
+                [waiting.id, due_in, count],
+            )
         cursor.execute("ANALYZE broker_message")
         cursor.execute("EXPLAIN " + DUE_QUEUES_SQL)
         plan = "\n".join(row[0] for row in cursor.fetchall())

@@ -42,17 +42,26 @@ def expected_test_db_commit() -> str:
     return "off" if os.environ.get(TEST_DB_PROFILE_VARIABLE) == "fast" else "on"
 
 
-def services(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` in bash with scripts/services.sh sourced (its functions
-    defined, its main not run)."""
+def bash_after_source(
+    sourced: str, script: str, *args: str, timeout: float, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (its arguments ``args``) in bash after `source sourced`,
+    in the project, in an environment with only PATH, HOME and ``env``: no
+    SECRET_KEY, DEBUG or URLs of the caller."""
     return subprocess.run(
-        ["bash", "-c", f"source scripts/services.sh && {script}", "services-test", *args],
+        ["bash", "-c", f"source {sourced} && {script}", "services-test", *args],
         cwd=ROOT,
         env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def services(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with scripts/services.sh sourced (its functions
+    defined, its main not run)."""
+    return bash_after_source("scripts/services.sh", script, *args, timeout=60, env=env)
 
 
 # --- the cluster and make run's database ------------------------------------------
@@ -155,18 +164,10 @@ def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(calle
 
 
 def source_services_env(script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` after `source var/services.env` in an environment with
-    only PATH, HOME and ``env``: no SECRET_KEY, DEBUG or URLs of the caller."""
+    """Run ``script`` with var/services.env sourced."""
     services_env = ROOT / "var" / "services.env"
     assert services_env.is_file(), "var/services.env is missing: run scripts/services.sh start"
-    return subprocess.run(
-        ["bash", "-c", f"source var/services.env && {script}"],
-        cwd=ROOT,
-        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return bash_after_source("var/services.env", script, timeout=120, env=env)
 
 
 @pytest.mark.slow

@@ -13,5 +13,6 @@ modules import from here, never from one another.
   sent, for webhook consumers and alarm webhooks alike.
 - ``archive``: Parquet files laid out as the archive job writes them.
 - ``processes``: ``manage.py`` run as a child process.
+- ``databases``: a database of a test's own beside the test database.
 - ``rules``: a rules table parsed for the tests of broker.rules (no Django).
 """
