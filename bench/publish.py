@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -156,14 +157,20 @@ def verify(queue: QueueRef, expected: int, path: str) -> None:
 # --- path a: bare psycopg COPY ----------------------------------------------
 
 
+def timed_batches(work: Workload, write: Callable[[list[NewMessage]], object]) -> float:
+    """Seconds ``write`` takes over the workload, one call a batch: the
+    loop every in-process path (copy, service, limit, topic5) is timed by."""
+
+    def run() -> None:
+        for count in work.sizes:
+            write(work.messages[:count])
+
+    return timed(run)
+
+
 def run_copy(work: Workload, queue: QueueRef) -> float:
     with psycopg.connect(work.bench_url, autocommit=True) as conn:
-
-        def run() -> None:
-            for count in work.sizes:
-                copy_batch(conn, queue.id, work.messages[:count])
-
-        return timed(run)
+        return timed_batches(work, lambda batch: copy_batch(conn, queue.id, batch))
 
 
 # --- path b: the publish service --------------------------------------------
@@ -172,16 +179,10 @@ def run_copy(work: Workload, queue: QueueRef) -> float:
 def run_service(work: Workload, queue: QueueRef) -> float:
     from broker.services.publish import messages_publish
 
-    def run() -> None:
-        for count in work.sizes:
-            messages_publish(
-                queue_name=queue.name,
-                messages=work.messages[:count],
-                put_user=PUT_USER,
-                put_application=PUT_APPLICATION,
-            )
-
-    return timed(run)
+    publish = partial(
+        messages_publish, queue_name=queue.name, put_user=PUT_USER, put_application=PUT_APPLICATION
+    )
+    return timed_batches(work, lambda batch: publish(messages=batch))
 
 
 # --- path c: the REST API behind gunicorn -----------------------------------
@@ -314,16 +315,10 @@ def run_api(work: Workload, queue: QueueRef) -> float:
 def run_topic(work: Workload, topic: QueueRef) -> float:
     from broker.services.publish import topic_publish
 
-    def run() -> None:
-        for count in work.sizes:
-            topic_publish(
-                topic_name=topic.name,
-                messages=work.messages[:count],
-                put_user=PUT_USER,
-                put_application=PUT_APPLICATION,
-            )
-
-    return timed(run)
+    publish = partial(
+        topic_publish, topic_name=topic.name, put_user=PUT_USER, put_application=PUT_APPLICATION
+    )
+    return timed_batches(work, lambda batch: publish(messages=batch))
 
 
 @dataclass(frozen=True)
