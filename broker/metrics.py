@@ -4,7 +4,7 @@ Two sources, chosen by where the truth lives:
 
 * The database, read at scrape time by ``BrokerCollector``: queue depths (the
   per-queue, per-state counters the triggers of migration 0002 keep), the
-  per-queue counters ``broker.services.stats`` adds up in ``QueueTotal``
+  per-queue counters ``broker.services.counting`` adds up in ``QueueTotal``
   (published, delivered, handler errors, crashes, timeouts, dead-lettered,
   blacklisted, poisoned, discarded), the dead-letter handler's actions by
   rule, and the workers' heartbeats. Exact, and the same whichever process

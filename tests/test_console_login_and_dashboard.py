@@ -167,7 +167,7 @@ def test_the_dashboard_charts_the_last_hour_and_counts_the_blacklist(viewer, cli
 
 
 def test_the_dashboard_says_whether_workers_answer(viewer, client):
-    from broker.services.stats import heartbeat
+    from broker.services.heartbeats import heartbeat
 
     heartbeat(name="control")
     client.force_login(viewer)
@@ -179,7 +179,7 @@ def test_the_dashboard_says_whether_workers_answer(viewer, client):
 
 
 def test_a_worker_silent_past_its_limit_is_shown_as_not_answering(viewer, client):
-    from broker.services.stats import heartbeat
+    from broker.services.heartbeats import heartbeat
 
     heartbeat(name="control")  # stamped with the database's clock
     client.force_login(viewer)

@@ -10,9 +10,8 @@ from django.db import connection, transaction
 
 from broker.models import Message, MessageState, QueueDepth, QueueMinute, QueueTotal
 from broker.selectors import last_hour, queue_depths
-from broker.services.counters import FOLD_LOCK_KEY, counters_fold
+from broker.services.counting import FOLD_LOCK_KEY, counters_fold, minute_count
 from broker.services.queues import queue_create, queue_delete
-from broker.services.stats import minute_count
 from rig.processes import database_url_for_workers
 from tests.support.messages import totals
 from tests.support.publishing import published

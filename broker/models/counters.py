@@ -43,7 +43,7 @@ class QueueDepthDelta(models.Model):
     statement-level triggers on broker_message (migrations 0002 and 0014) in
     the same transaction as the change: one row per queue and state that a
     statement changed. Rows are only ever inserted here, then folded into
-    ``QueueDepth`` and deleted by the sweeper (``broker.services.counters``).
+    ``QueueDepth`` and deleted by the sweeper (``broker.services.counting``).
 
     Why not update ``QueueDepth`` at once: every claim, ack and publish of a
     queue would update the same few rows. Each update locks its row until
@@ -196,7 +196,7 @@ class QueueTotal(Counts, models.Model):
 
 class QueueCountDelta(Counts, models.Model):
     """What one statement did on a queue in one minute (one column per
-    counter of ``COUNTERS``), written by ``broker.services.stats`` with the
+    counter of ``COUNTERS``), written by ``broker.services.counting`` with the
     change it counts. Inserted only, then folded into ``QueueMinute`` and
     ``QueueTotal`` and deleted by the sweeper, for the reasons
     ``QueueDepthDelta`` gives: the settle of every batch and every publish

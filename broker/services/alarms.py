@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from broker.models import NotificationState, PoisonAction, PoisonAlarm
-from broker.services.stats import minute_count
+from broker.services.counting import minute_count
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from broker.rules import Rule, RulesTable, applicable_rule, destination, parse
 from broker.rules import message_attributes as rules_attributes
 from broker.selectors import active_rule_table, live_count, queue_depths
 from broker.services.audit import AuditEntry, audit_record_many
-from broker.services.stats import dead_letter_actions_count
+from broker.services.counting import dead_letter_actions_count
 from broker.services.transitions.dead_lettered import (
     messages_defer,
     messages_discard,

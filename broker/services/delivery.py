@@ -48,7 +48,7 @@ from structlog.contextvars import bind_contextvars, bound_contextvars, reset_con
 from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
 from broker.metrics import delivery_latency_observe
 from broker.models import Queue, QueueKind
-from broker.services.stats import minute_count
+from broker.services.counting import minute_count
 from broker.services.transitions.in_flight import (
     Claimed,
     DeadLetterCause,

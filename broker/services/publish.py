@@ -23,8 +23,8 @@ from broker.errors import (
     TopicNotFound,
 )
 from broker.models import MessageState, Queue, Topic
+from broker.services.counting import minute_count
 from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
-from broker.services.stats import minute_count
 from broker.signals import messages_available
 from broker.topic_grammar import TopicError, is_under, topic_levels, topic_matches
 

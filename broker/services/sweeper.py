@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
+from broker.services.counting import minute_count
 from broker.services.delivery import lease_token
-from broker.services.stats import minute_count
 from broker.services.transitions.blacklist import messages_set_aside_poison
 from broker.services.transitions.in_flight import Unanswered, messages_requeue_unanswered
 

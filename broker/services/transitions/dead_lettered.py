@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from broker.errors import IllegalTransition, QueueNotFound
 from broker.models import Message, Queue, QueueKind
 from broker.services.audit import Actor, audit_record
-from broker.services.stats import minute_count
+from broker.services.counting import minute_count
 from broker.services.transitions.table import Transition, guard, refuse
 from broker.signals import messages_available
 

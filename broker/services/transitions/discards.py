@@ -11,7 +11,7 @@ from django.db import connection
 
 from broker.models import Queue
 from broker.services.audit import AuditEntry, audit_record_many
-from broker.services.stats import minute_count
+from broker.services.counting import minute_count
 from broker.services.transitions.headers import dead_letter_header
 from broker.services.transitions.table import Transition, guard
 

@@ -29,7 +29,7 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from broker.models import MAX_SUSPECT_DELAY_SECONDS, Message
-from broker.services.stats import minute_count, minute_count_ctes, queue_ids_by_name
+from broker.services.counting import minute_count, minute_count_ctes, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
 from broker.services.transitions.table import Transition, guard
@@ -383,7 +383,7 @@ def messages_ack_counted(
 ) -> list[float]:
     """As ``messages_ack_latencies``, and in the same statement adds the
     messages acknowledged (delivered) and ``handler_errors`` to the queue's
-    per-minute counts (``broker.services.stats.minute_count``). Outside a
+    per-minute counts (``broker.services.counting.minute_count``). Outside a
     transaction it commits at once."""
     with _prepared_cursor() as cursor:
         cursor.execute(
