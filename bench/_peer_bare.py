@@ -1,9 +1,9 @@
 """The bare claim+ack loop as a worker process of bench/peers.py (in .venv).
 
-Each process runs bench.deliver's bare path, ``claim_and_ack``: the
-service's CLAIM_SQL (suspect = false, limit B) in one transaction, then
-ACK_SQL in a second one, on its own autocommit psycopg connection, until a
-claim returns nothing. Django is set up only because the statements live in
+Each process runs bench.deliver's bare path, ``claim_and_ack`` of
+bench._celery: the service's CLAIM_SQL (suspect = false, limit B) in one
+transaction, then ACK_SQL in a second one, on its own autocommit psycopg
+connection, until a claim returns nothing. Django is set up only because the statements live in
 the service's module; nothing goes through the ORM.
 """
 

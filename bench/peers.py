@@ -1137,7 +1137,7 @@ def print_targets(results: Sequence[Result]) -> None:
 @contextmanager
 def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
     """One private redis-server for Lazaretto's wake-ups and Celery alone;
-    this process's Celery app sends to it (bench.deliver's private_redis) when
+    this process's Celery app sends to it (bench._celery's private_redis) when
     Django is set up."""
     if not {"lazaretto", "celery-redis"} & set(ctx.options.systems):
         yield None

@@ -823,9 +823,9 @@ class Run:
 
 
 def measure_drain(bench: _celery.Bench, count: int) -> Drain:
-    """bench.deliver's Celery path (bench/_celery.py): ``count`` messages published paused to a
-    fresh noop queue (batch size 100), drained by 2 delivery processes; the
-    clock runs from the first claim to all DLVD. The messages are deleted
+    """bench.deliver's Celery path (bench._celery): ``count`` messages
+    published paused to a fresh noop queue (batch size 100), drained by 2
+    delivery processes; the clock runs from the first claim to all DLVD. The messages are deleted
     afterwards, so the soak starts on an empty table."""
     queue = _celery.make_queue(
         DRAIN_QUEUE_NAME,
