@@ -20,7 +20,7 @@ from broker.models import (
     Queue,
     ReplaySource,
 )
-from broker.pipeline.selection import MAX_TEXT_FILTER, MessageSelection, ReplaySpec
+from broker.pipeline.selection import MAX_TEXT_FILTER, ReplaySpec, replay_spec_parse
 from broker.selectors import dead_letter_queue_list, ha_node_names, queue_names, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
@@ -318,20 +318,19 @@ class ReplayForm(forms.Form):
         return tuple(dict.fromkeys(name for name in names if name))
 
     def spec(self) -> ReplaySpec:
-        """The job the valid form describes."""
+        """The job the valid form describes, checked whole by the replay
+        service's parser (InvalidInput: errors the view puts beside fields)."""
         data = self.cleaned_data
         source_queue: Queue | None = data["source_queue"]
-        return ReplaySpec(
+        return replay_spec_parse(
             source=data["source"],
             source_queue=source_queue.name if source_queue else "",
-            filter=MessageSelection(
-                queues=data["queues"],
-                reason=data["reason"],
-                since=data["since"],
-                until=data["until"],
-                header=data["header"],
-                payload_text=data["payload_text"],
-            ),
+            queues=data["queues"],
+            reason=data["reason"],
+            since=data["since"],
+            until=data["until"],
+            header=data["header"],
+            payload_text=data["payload_text"],
             target_queue=data["target_queue"],
             rules_text=data["rules_text"],
             velocity=data["velocity"],

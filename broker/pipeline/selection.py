@@ -1,10 +1,12 @@
 """Which messages a pipeline job takes (``MessageSelection``), what a
-replay job does (``ReplaySpec``), and the rules of a valid one
-(``replay_validate``).
+replay job does (``ReplaySpec``), the rules of a valid one
+(``replay_validate``), and the one parser of a submitted job
+(``replay_spec_parse``) that the console form, the API and the command use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -139,3 +141,43 @@ def replay_validate(spec: ReplaySpec) -> None:
             ]
     if errors:
         raise InvalidInput("The replay job is not valid.", field_errors=errors)
+
+
+def replay_spec_parse(
+    *,
+    source: str,
+    source_queue: str = "",
+    queues: Iterable[str] = (),
+    reason: str = "",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    header: str = "",
+    payload_text: str = "",
+    target_queue: str = "",
+    rules_text: str = "",
+    velocity: int | None = None,
+    dry_run: bool = False,
+) -> ReplaySpec:
+    """The replay job these values describe, checked whole: InvalidInput
+    names every problem by field (the field names of ReplaySpec and of
+    MessageSelection), as a submission would. The console form, the API and
+    the command each read their input into these values and show the errors
+    their own way."""
+    spec = ReplaySpec(
+        source=source,
+        source_queue=source_queue,
+        filter=MessageSelection(
+            queues=tuple(queues),
+            reason=reason,
+            since=since,
+            until=until,
+            header=header,
+            payload_text=payload_text,
+        ),
+        target_queue=target_queue,
+        rules_text=rules_text,
+        velocity=velocity,
+        dry_run=dry_run,
+    )
+    replay_validate(spec)
+    return spec

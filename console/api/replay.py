@@ -16,7 +16,12 @@ from rest_framework.views import APIView
 
 from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
-from broker.pipeline.selection import MAX_VELOCITY, MessageSelection, ReplaySpec
+from broker.pipeline.selection import (
+    MAX_VELOCITY,
+    MessageSelection,
+    ReplaySpec,
+    replay_spec_parse,
+)
 from broker.pipeline.selectors import replay_job_get, replay_preview
 from console.api.fields import as_mapping, unknown_keys
 from console.api.messages import NewestFirst
@@ -128,14 +133,13 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
         return values
 
     def spec(self) -> ReplaySpec:
+        """The job the valid data describes, checked whole by the replay
+        service's parser (InvalidInput: a 400 naming each field)."""
         data = self.validated_data
-        window = data.get("filter")
-        return ReplaySpec(
+        return replay_spec_parse(
             source=data["source"],
             source_queue=data["source_queue"],
-            filter=MessageSelection(**{**window, "queues": tuple(window["queues"])})
-            if window
-            else MessageSelection(),
+            **(data.get("filter") or {}),
             target_queue=data["target_queue"],
             rules_text=data["rules_text"],
             velocity=data["velocity"],

@@ -18,7 +18,7 @@ from django.utils import timezone
 from broker.errors import BrokerError, InvalidInput
 from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
-from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_validate
+from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_spec_parse
 from broker.pipeline.selectors import replay_job_get, replay_jobs_recent
 from broker.services.audit import Actor
 from workers import pipeline
@@ -179,30 +179,32 @@ class Command(BaseCommand):
     ) -> None:
         actor = self._actor(user)
         problems: dict[str, list[str]] = {}
-        spec = ReplaySpec(
-            source=source,
-            source_queue=source_queue,
-            filter=MessageSelection(
-                queues=tuple(queues),
+        start = moment_option(since, "since", problems)
+        end = moment_option(until, "until", problems)
+        rules_text = self._read(rules) if rules else ""
+        per_second = self._velocity(velocity, problems)
+        spec: ReplaySpec | None = None
+        # The options this command could not read and the parser's
+        # objections are listed together.
+        try:
+            spec = replay_spec_parse(
+                source=source,
+                source_queue=source_queue,
+                queues=queues,
                 reason=reason,
-                since=moment_option(since, "since", problems),
-                until=moment_option(until, "until", problems),
+                since=start,
+                until=end,
                 header=header,
                 payload_text=payload_text,
-            ),
-            target_queue=target_queue,
-            rules_text=self._read(rules) if rules else "",
-            velocity=self._velocity(velocity, problems),
-            dry_run=dry_run,
-        )
-        # Checked here as well as in submit, so that the options this command
-        # could not read and the service's objections are listed together.
-        try:
-            replay_validate(spec)
+                target_queue=target_queue,
+                rules_text=rules_text,
+                velocity=per_second,
+                dry_run=dry_run,
+            )
         except InvalidInput as error:
             for name, messages in error.field_errors.items():
                 problems.setdefault(name, []).extend(messages)
-        if problems:
+        if problems or spec is None:
             labels = {"rules_text": f"--rules {rules}"} if rules else None
             raise CommandError(invalid_text("The replay job is not valid.", problems, labels))
         job = replay_job_submit(spec=spec, actor=actor)
