@@ -1,4 +1,4 @@
-"""Poison alarms posted to their webhook (broker.services.notify), against
+"""Poison alarms posted to their webhook (broker.services.alarms), against
 real HTTP servers on 127.0.0.1, and the dashboard's "Last quarantines" panel."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from broker.models import Message, MessageState, NotificationState, PoisonAlarm, Queue
-from broker.services.notify import alarms_notify_due
+from broker.services.alarms import alarms_notify_due
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_purge_poison, messages_quarantine
@@ -176,8 +176,9 @@ def test_it_gives_up_after_the_configured_attempts_and_keeps_the_alarm(hook, set
     queue = queue_create(name="ORDERS.IN", consumer="noop", alarm_webhook_url=hook.url)
     message_id = quarantine_one(queue)
     alarm = PoisonAlarm.objects.get()
+    caplog.clear()  # the quarantine's own warning, from the same module
 
-    with caplog.at_level(logging.INFO, logger="broker.services.notify"):
+    with caplog.at_level(logging.INFO, logger="broker.services.alarms"):
         for _ in range(3):
             make_due(alarm)
             alarms_notify_due()
@@ -189,7 +190,7 @@ def test_it_gives_up_after_the_configured_attempts_and_keeps_the_alarm(hook, set
     [warning] = [
         r
         for r in caplog.records
-        if r.name == "broker.services.notify" and r.levelno >= logging.WARNING
+        if r.name == "broker.services.alarms" and r.levelno >= logging.WARNING
     ]
     assert f"message {message_id} on ORDERS.IN" in warning.getMessage()
     assert "gave up" in warning.getMessage()

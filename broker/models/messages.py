@@ -200,7 +200,7 @@ class NotificationState(models.TextChoices):
 class PoisonAlarm(models.Model):
     """A message quarantined or purged automatically, as an alarm: written in
     the same transaction as the move, so no alarm is lost, and posted to the
-    alarm webhook (if any) afterwards, with retries (broker.services.notify).
+    alarm webhook (if any) afterwards, with retries (broker.services.alarms).
     Message and queue are stored by value: a purged message has no row."""
 
     created_at = models.DateTimeField(db_default=Now())
