@@ -24,6 +24,7 @@ from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from console.tokens import token_create
 from rig.processes import RedisServer, Workers, database_url_for_workers, point_celery_at
+from tests.support.console import with_key
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
 
@@ -61,10 +62,8 @@ def outsider(db: None) -> User:
 
 
 def _client(user: User) -> APIClient:
-    client = APIClient()
     _token, key = token_create(user=user, name="tests")
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
+    return with_key(key)
 
 
 @pytest.fixture

@@ -1,10 +1,16 @@
+from __future__ import annotations
+
 import base64
 import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.db import connection
 
 from broker.models import Message, MessageState, Queue
+
+if TYPE_CHECKING:
+    from rest_framework.response import _MonkeyPatchedResponse as Response
 
 pytestmark = pytest.mark.django_db
 
@@ -15,6 +21,14 @@ def url(queue: str) -> str:
 
 def stored() -> int:
     return Message.objects.count()
+
+
+def refused(response: Response, status: int) -> Any:
+    """The error body of a publish answered ``status``; fails the test
+    when the publish stored anything."""
+    assert response.status_code == status, response.content
+    assert stored() == 0
+    return response.json()
 
 
 def test_it_stores_a_batch_of_1000_as_tbdl(operator_api, orders):
@@ -57,12 +71,10 @@ def test_it_rejects_a_batch_with_one_oversized_payload_and_stores_nothing(operat
 
     response = operator_api.post(url("ORDERS.IN"), {"messages": batch}, format="json")
 
-    assert response.status_code == 413
-    body = response.json()
+    body = refused(response, 413)
     assert body["code"] == "payload_too_large"
     assert body["index"] == 7
     assert "Message 7" in body["detail"]
-    assert stored() == 0
 
 
 def test_the_payload_limit_follows_the_queues_setting(operator_api, orders):
@@ -79,10 +91,9 @@ def test_the_payload_limit_follows_the_queues_setting(operator_api, orders):
 def test_it_answers_404_for_an_unknown_queue(operator_api, db):
     response = operator_api.post(url("NO.SUCH.QUEUE"), {"payload": "x"}, format="json")
 
-    assert response.status_code == 404
-    assert response.json()["code"] == "queue_not_found"
-    assert "NO.SUCH.QUEUE" in response.json()["detail"]
-    assert stored() == 0
+    body = refused(response, 404)
+    assert body["code"] == "queue_not_found"
+    assert "NO.SUCH.QUEUE" in body["detail"]
 
 
 def test_it_rejects_malformed_json(operator_api, orders):
@@ -90,10 +101,9 @@ def test_it_rejects_malformed_json(operator_api, orders):
         url("ORDERS.IN"), data='{"payload": "x",', content_type="application/json"
     )
 
-    assert response.status_code == 400
-    assert response.json()["code"] == "malformed_request"
-    assert response.json()["detail"]
-    assert stored() == 0
+    body = refused(response, 400)
+    assert body["code"] == "malformed_request"
+    assert body["detail"]
 
 
 @pytest.mark.parametrize("headers", [["a", "b"], "a=b", 5, {"n": 1}, {"nested": {"a": "b"}}])
@@ -102,11 +112,9 @@ def test_it_rejects_headers_that_are_not_a_flat_object_of_strings(operator_api, 
         url("ORDERS.IN"), {"payload": "x", "headers": headers}, format="json"
     )
 
-    assert response.status_code == 400
-    body = response.json()
+    body = refused(response, 400)
     assert body["code"] == "invalid"
     assert "messages[0].headers" in body["field_errors"]
-    assert stored() == 0
 
 
 @pytest.mark.parametrize("priority", [12, -1, "high", 4.5])
@@ -115,9 +123,8 @@ def test_it_rejects_a_priority_outside_0_to_9(operator_api, orders, priority):
         url("ORDERS.IN"), {"payload": "x", "priority": priority}, format="json"
     )
 
-    assert response.status_code == 400
-    assert "messages[0].priority" in response.json()["field_errors"]
-    assert stored() == 0
+    body = refused(response, 400)
+    assert "messages[0].priority" in body["field_errors"]
 
 
 def test_a_bad_item_anywhere_rejects_the_whole_batch(operator_api, orders):
@@ -125,17 +132,15 @@ def test_a_bad_item_anywhere_rejects_the_whole_batch(operator_api, orders):
 
     response = operator_api.post(url("ORDERS.IN"), {"messages": batch}, format="json")
 
-    assert response.status_code == 400
-    assert "messages[5].priority" in response.json()["field_errors"]
-    assert stored() == 0
+    body = refused(response, 400)
+    assert "messages[5].priority" in body["field_errors"]
 
 
 def test_it_refuses_publishing_straight_to_a_dead_letter_queue(operator_api, db):
     response = operator_api.post(url("SYSTEM.DEAD.LETTER.QUEUE"), {"payload": "x"}, format="json")
 
-    assert response.status_code == 409
-    assert response.json()["code"] == "queue_is_dead_letter"
-    assert stored() == 0
+    body = refused(response, 409)
+    assert body["code"] == "queue_is_dead_letter"
 
 
 def test_it_refuses_a_batch_over_1000(operator_api, orders):
@@ -143,9 +148,8 @@ def test_it_refuses_a_batch_over_1000(operator_api, orders):
         url("ORDERS.IN"), {"messages": [{"payload": "x"}] * 1001}, format="json"
     )
 
-    assert response.status_code == 400
-    assert "messages" in response.json()["field_errors"]
-    assert stored() == 0
+    body = refused(response, 400)
+    assert "messages" in body["field_errors"]
 
 
 @pytest.mark.parametrize(
@@ -164,25 +168,22 @@ def test_it_names_the_field_of_other_bad_input(operator_api, orders, body, field
     raw = json.dumps(body)  # escapes a lone surrogate as \ud800, as a client would send it
     response = operator_api.post(url("ORDERS.IN"), raw, content_type="application/json")
 
-    assert response.status_code == 400
-    assert field in response.json()["field_errors"]
-    assert stored() == 0
+    body = refused(response, 400)
+    assert field in body["field_errors"]
 
 
 def test_it_answers_401_without_credentials(anonymous_api, orders):
     response = anonymous_api.post(url("ORDERS.IN"), {"payload": "x"}, format="json")
 
-    assert response.status_code == 401
-    assert response.json()["code"] == "not_authenticated"
-    assert stored() == 0
+    body = refused(response, 401)
+    assert body["code"] == "not_authenticated"
 
 
 def test_a_viewer_cannot_publish(viewer_api, orders):
     response = viewer_api.post(url("ORDERS.IN"), {"payload": "x"}, format="json")
 
-    assert response.status_code == 403
-    assert response.json()["code"] == "permission_denied"
-    assert stored() == 0
+    body = refused(response, 403)
+    assert body["code"] == "permission_denied"
 
 
 def test_a_publish_keeps_binary_payloads_intact(operator_api, admin_api, orders):

@@ -9,31 +9,20 @@ import re
 
 import pytest
 from django.core.cache import cache
-from django.test import Client, RequestFactory
+from django.test import RequestFactory
 from rest_framework.test import APIClient
 
 from broker.models import AuditEvent
 from console.models import ApiToken
 from console.tokens import token_create
 from console.views.common import server_error
+from tests.support.console import logged_in, with_key
 
 pytestmark = pytest.mark.django_db
 
 
-def signed_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def with_key(key: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    return client
-
-
 def test_a_viewer_makes_a_token_in_the_console_and_sees_its_key_once(viewer):
-    console = signed_in(viewer)
+    console = logged_in(viewer)
 
     made = console.post("/tokens/", {"name": "grafana"})
     html = made.content.decode()
@@ -53,7 +42,7 @@ def test_a_viewer_makes_a_token_in_the_console_and_sees_its_key_once(viewer):
 
 
 def test_a_bad_name_is_refused_beside_the_field(viewer):
-    console = signed_in(viewer)
+    console = logged_in(viewer)
     console.post("/tokens/", {"name": "ci"})
 
     blank = console.post("/tokens/", {"name": "  "}).content.decode()
@@ -69,7 +58,7 @@ def test_a_revoked_token_is_refused_at_once(operator):
     client = with_key(key)
     assert client.get("/api/v1/queues/").status_code == 200
 
-    signed_in(operator).post(f"/tokens/{token.id}/revoke/")
+    logged_in(operator).post(f"/tokens/{token.id}/revoke/")
     answer = client.get("/api/v1/queues/")
 
     assert (answer.status_code, answer.json()["code"]) == (401, "authentication_failed")
@@ -135,7 +124,7 @@ def test_every_write_through_a_token_names_it_in_the_audit_log(admin_api, admin)
 
 
 def test_a_console_write_names_no_token(admin):
-    signed_in(admin).post("/tokens/", {"name": "x"})
+    logged_in(admin).post("/tokens/", {"name": "x"})
 
     event = AuditEvent.objects.get(action="token_create", details__token="x")
     assert "via_token" not in event.details

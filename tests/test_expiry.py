@@ -46,6 +46,13 @@ def time_is_up(*message_ids: int) -> None:
     )
 
 
+def expired_on(queue_name: str, **fields) -> int:
+    """A message published to ``queue_name`` whose time is up."""
+    message_id = publish_expiring(queue_name, **fields)
+    time_is_up(message_id)
+    return message_id
+
+
 def where(message_id: int) -> tuple[str, str]:
     message = Message.objects.select_related("queue").get(id=message_id)
     return message.queue.name, message.state
@@ -66,8 +73,7 @@ def test_publishing_sets_the_expiry_from_the_publish_time(orders):
 
 @pytest.mark.django_db
 def test_an_expired_message_moves_to_the_dead_letter_queue_with_reason_expired(orders):
-    expired = publish_expiring("ORDERS.IN", content_type="application/json")
-    time_is_up(expired)
+    expired = expired_on("ORDERS.IN", content_type="application/json")
 
     assert messages_expire() == [expired]
 
@@ -115,8 +121,7 @@ def test_it_moves_at_most_limit_messages_per_call(orders):
 @pytest.mark.django_db
 def test_an_expired_message_of_a_queue_without_a_dead_letter_queue_is_blacklisted(db):
     queue_create(name="NO.DLQ", consumer="log", dead_letter_queue=None)
-    expired = publish_expiring("NO.DLQ")
-    time_is_up(expired)
+    expired = expired_on("NO.DLQ")
 
     assert messages_expire() == [expired]
 
@@ -140,8 +145,7 @@ def test_an_expired_message_is_never_claimed(orders):
 @pytest.mark.django_db
 def test_a_message_on_a_paused_queue_expires_too(db):
     queue_create(name="PAUSED.Q", consumer="log", paused=True)
-    expired = publish_expiring("PAUSED.Q")
-    time_is_up(expired)
+    expired = expired_on("PAUSED.Q")
 
     assert messages_expire() == [expired]
     assert where(expired) == (DLQ, S.TO_BE_DELIVERED)
@@ -165,8 +169,7 @@ def test_expired_maps_to_mqfb_expiration():
 @pytest.mark.django_db
 def test_a_rule_matching_reason_mqfb_expiration_acts_on_an_expired_message(orders):
     queue_create(name="EXPIRED.PARKED")
-    expired = publish_expiring("ORDERS.IN")
-    time_is_up(expired)
+    expired = expired_on("ORDERS.IN")
     messages_expire()
     rule_table_create_and_activate(
         queue=Queue.objects.get(name=DLQ),

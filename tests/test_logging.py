@@ -16,7 +16,7 @@ from broker.models import Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import wait_until
-from tests.support.processes import manage
+from tests.support.processes import manage, refused_at_start_up
 
 S = MessageState
 WORKER = re.compile(rf"{re.escape(socket.gethostname())}:(\d+)")
@@ -119,7 +119,6 @@ def test_text_is_the_default_one_readable_line_with_the_fields_after_the_message
 
 @pytest.mark.slow
 def test_a_bad_log_format_stops_start_up_naming_the_variable():
-    result = manage("check", LOG_FORMAT="xml")
+    error = refused_at_start_up("check", LOG_FORMAT="xml")
 
-    assert result.returncode != 0
-    assert "LOG_FORMAT: 'xml' is not valid; expected one of text, json." in result.stderr
+    assert "LOG_FORMAT: 'xml' is not valid; expected one of text, json." in error

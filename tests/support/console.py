@@ -1,5 +1,5 @@
-"""The console as Django's test client sees it: a user's client, and what a
-page says beside a form field."""
+"""The console and the API as Django's test clients see them: a user's
+client, a token's API client, and what a page says beside a form field."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from html import unescape
 
 from django.contrib.auth.models import User
 from django.test import Client
+from rest_framework.test import APIClient
 
 # A queue's settings form, filled in validly (every field the form posts).
 QUEUE_SETTINGS_FORM = {
@@ -32,6 +33,13 @@ def logged_in(user: User) -> Client:
     """A test client with ``user``'s session (no login form, no password)."""
     client = Client()
     client.force_login(user)
+    return client
+
+
+def with_key(key: str) -> APIClient:
+    """An API client that sends the token ``key`` with every request."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

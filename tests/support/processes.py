@@ -1,5 +1,6 @@
 """``manage.py`` run as a child process, as an operator starts it: for what
-must stop a process at start-up, or a command seen from outside."""
+must stop a process at start-up (``refused_at_start_up``), or a command seen
+from outside."""
 
 from __future__ import annotations
 
@@ -26,3 +27,13 @@ def manage(
         text=True,
         timeout=timeout,
     )
+
+
+def refused_at_start_up(
+    *args: str, environ: Mapping[str, str] | None = None, timeout: float = 60, **overrides: str
+) -> str:
+    """What ``manage.py *args`` said on stderr when it stopped at start-up
+    (as ``manage`` runs it); fails the test when it ran to the end."""
+    result = manage(*args, environ=environ, timeout=timeout, **overrides)
+    assert result.returncode != 0, result.stdout
+    return result.stderr
