@@ -155,6 +155,22 @@ def replay_stage_clear(*, job_id: int, upto: int | None = None) -> None:
             )
 
 
+def replay_stage_bounds(*, job_id: int, after: int, upto: int, velocity: int) -> list[int]:
+    """Source ids that cut the job's staged rows of (after, upto] into runs
+    of ``velocity``, ``upto`` last."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT source_id FROM ("
+            " SELECT source_id, row_number() OVER (ORDER BY source_id) AS n"
+            " FROM broker_replaystage"
+            " WHERE job_id = %s AND source_id > %s AND source_id <= %s"
+            ") AS staged WHERE n %% %s = 0 ORDER BY source_id",
+            [job_id, after, upto, velocity],
+        )
+        cuts = [source_id for (source_id,) in cursor.fetchall()]
+    return [*cuts, upto] if not cuts or cuts[-1] != upto else cuts
+
+
 def replay_stage_analyze() -> None:
     """Refresh the statistics of the staging table and of the job records
     after a load, so the insert that follows is planned for the rows they

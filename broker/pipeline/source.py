@@ -1,5 +1,5 @@
 """What the Spark drivers read: the SQL of a replay job's source (and its
-size), counted here too for a preview.
+size), counted here too for a preview, and the messages due for the archive.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC
 
+from django.conf import settings
 from django.db import connection
 from psycopg import sql
 
@@ -115,3 +116,38 @@ def source_count(spec: ReplaySpec) -> int:
         cursor.execute(_render(query))
         (count,) = cursor.fetchone()
     return int(count)
+
+
+# --- what the archive reads -------------------------------------------------------------
+
+# Messages due for the archive: delivered or failed, published before their
+# queue's retention (in days) ran out.
+_DUE = """
+FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id
+WHERE m.state IN ('DLVD', 'FAIL')
+  AND m.created_at < now() - make_interval(days => coalesce(q.archive_retention_days, {days}))
+"""
+_DUE_IDS_SQL = "SELECT m.id " + _DUE + " AND m.id > %s ORDER BY m.id LIMIT %s"
+_ARCHIVE_READ_SQL = (
+    "SELECT m.id, q.name AS queue, m.state, m.payload, m.content_type, m.headers::text AS headers,"
+    " m.priority::int AS priority, m.attempts, m.crash_count, m.timeout_count,"
+    " m.dead_letter::text AS dead_letter, m.last_error, m.put_application, m.put_user,"
+    " m.created_at, m.updated_at " + _DUE
+)
+
+
+def _retention_days() -> int:
+    return int(settings.LAZARETTO_ARCHIVE_RETENTION_DAYS)
+
+
+def archive_due_ids(*, after: int, limit: int) -> list[int]:
+    """The ids of the next ``limit`` messages due for the archive above
+    ``after``, in order: the next chunk."""
+    with connection.cursor() as cursor:
+        cursor.execute(_DUE_IDS_SQL.format(days=_retention_days()), [after, limit])
+        return [message_id for (message_id,) in cursor.fetchall()]
+
+
+def archive_source_query() -> str:
+    """The SELECT the archive's driver reads over JDBC (partitioned on ``id``)."""
+    return _ARCHIVE_READ_SQL.format(days=_retention_days())

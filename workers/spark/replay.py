@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -35,19 +34,21 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from broker.models import Queue, ReplayJob, ReplayJobStatus, ReplaySource
+from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
 from broker.pipeline.archive import archive_dir, utc_day
 from broker.pipeline.replay import (
     replay_run_finish,
     replay_run_progress,
     replay_run_start,
     replay_stage_analyze,
+    replay_stage_bounds,
     replay_stage_clear,
     replay_write_staged,
 )
 from broker.pipeline.selection import ReplaySpec
 from broker.pipeline.source import source_query, source_range
 from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
+from broker.selectors import queue_names
 from workers.spark.session import read_range, spark_session, write_table
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Replay:
         self.spec = ReplaySpec.of(job)
         self.tally = Tally()
         self.from_archive = job.source == ReplaySource.ARCHIVE
-        self.queues = sorted(Queue.objects.values_list("name", flat=True))
+        self.queues = queue_names()
 
     def run(self) -> None:
         replay_stage_clear(job_id=self.job.id)
@@ -316,7 +317,11 @@ class Replay:
         velocity limit in statements of at most ``velocity`` messages, a
         second apart."""
         velocity = self.job.velocity
-        bounds = [upto] if velocity is None else self._bounds(after, upto, velocity)
+        bounds = (
+            [upto]
+            if velocity is None
+            else replay_stage_bounds(job_id=self.job.id, after=after, upto=upto, velocity=velocity)
+        )
         written = 0
         for upper in bounds:
             started = time.monotonic()
@@ -331,20 +336,6 @@ class Replay:
         # Staged but not written: the job wrote them in an earlier run.
         self.tally.skipped += staged - written
         replay_stage_clear(job_id=self.job.id, upto=upto)
-
-    def _bounds(self, after: int, upto: int, velocity: int) -> list[int]:
-        """Source ids that cut the range's staged rows into runs of ``velocity``."""
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT source_id FROM ("
-                " SELECT source_id, row_number() OVER (ORDER BY source_id) AS n"
-                " FROM broker_replaystage"
-                " WHERE job_id = %s AND source_id > %s AND source_id <= %s"
-                ") AS staged WHERE n %% %s = 0 ORDER BY source_id",
-                [self.job.id, after, upto, velocity],
-            )
-            cuts = [source_id for (source_id,) in cursor.fetchall()]
-        return [*cuts, upto] if not cuts or cuts[-1] != upto else cuts
 
     def _report(self, **extra: Any) -> None:
         if replay_run_progress(job_id=self.job.id, **self.tally.stored(), **extra):
