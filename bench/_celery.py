@@ -182,14 +182,14 @@ def celery_processes(
 def claim_and_ack(conn: psycopg.Connection[Any], claim: dict[str, Any]) -> int:
     """One batch, two transactions as the service does: the claim, then the ack.
     Returns how many messages it delivered (0: nothing left)."""
-    from broker.services.transitions.in_flight import ACK_SQL, CLAIM_SQL
+    from broker.services.transitions.in_flight import BARE_ACK_SQL, CLAIM_SQL
 
     with conn.transaction():
         ids = [row[0] for row in conn.execute(CLAIM_SQL, claim).fetchall()]
     if not ids:
         return 0
     with conn.transaction():
-        acked = conn.execute(ACK_SQL, {"ids": ids, "owner": claim["owner"]}).rowcount
+        acked = conn.execute(BARE_ACK_SQL, {"ids": ids, "owner": claim["owner"]}).rowcount
     if acked != len(ids):
         raise BenchError(f"bare: claimed {len(ids)} messages but acked {acked}")
     return acked

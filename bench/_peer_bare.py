@@ -2,7 +2,7 @@
 
 Each process runs bench.deliver's bare path, ``claim_and_ack`` of
 bench._celery: the service's CLAIM_SQL (suspect = false, limit B) in one
-transaction, then ACK_SQL in a second one, on its own autocommit psycopg
+transaction, then BARE_ACK_SQL in a second one, on its own autocommit psycopg
 connection, until a claim returns nothing. Django is set up only because the statements live in
 the service's module; nothing goes through the ORM.
 """

@@ -119,7 +119,7 @@ ORDER BY t.level, t.relid::regclass::text
 """
 # The sampled messages acked so far, looked up by primary key. ``state =
 # 'DLVD'`` prunes a partitioned table to its delivered partition. The times
-# are the publish's and the ack's transaction now() (see ACK_SQL).
+# are the publish's and the ack's transaction now() (see BARE_ACK_SQL).
 ACKED_SQL = """
 SELECT m.id, extract(epoch FROM m.updated_at)::float8,
        extract(epoch FROM m.updated_at - m.created_at)::float8

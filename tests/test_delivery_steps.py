@@ -257,7 +257,7 @@ def test_a_late_answer_after_the_sweeper_took_the_message_back_is_dropped(db):
     lease(queue, 1, owner="host:1:777")
     Message.objects.filter(id=message_id).update(lease_owner="host:2:888")  # someone else's now
 
-    assert messages_ack(message_ids=[message_id], owner="host:1:777") == 0
+    assert messages_ack(queue_id=queue.id, message_ids=[message_id], owner="host:1:777") == []
     assert Message.objects.get(id=message_id).state == S.DELIVERING
 
 
@@ -479,7 +479,7 @@ def test_a_crash_while_two_suspects_are_in_flight_blames_only_the_dead_workers_o
 
         assert result.quarantined == [poison]
         assert Message.objects.get(id=innocent).state == S.DELIVERING
-    assert messages_ack(message_ids=[innocent], owner="host:2:222") == 1
+    assert len(messages_ack(queue_id=queue.id, message_ids=[innocent], owner="host:2:222")) == 1
 
 
 def test_the_purge_poison_action_deletes_the_message_and_keeps_its_dump_audit_and_alarm(

@@ -43,10 +43,16 @@ def emptied_by_a_vacuum() -> None:
 
 def ack_plan() -> str:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT max(id) FROM broker_message")
-        last = cursor.fetchone()[0]
+        cursor.execute("SELECT max(id), max(queue_id) FROM broker_message")
+        last, queue_id = cursor.fetchone()
         cursor.execute(
-            "EXPLAIN " + ACK_SQL, {"ids": list(range(last - 100, last)), "owner": "w:1:1"}
+            "EXPLAIN " + ACK_SQL,
+            {
+                "ids": list(range(last - 100, last)),
+                "owner": "w:1:1",
+                "queue_id": queue_id,
+                "handler_errors": 0,
+            },
         )
         return "\n".join(row[0] for row in cursor.fetchall())
 

@@ -142,7 +142,10 @@ def test_a_statement_waiting_for_a_message_the_ack_moves_out_finds_it_gone():
                 timeout=10,
                 what="the purge to wait for the claim's lock",
             )
-            acked = worker.execute(ACK_SQL, {"ids": [message_id], "owner": "w"}).fetchall()
+            acked = worker.execute(
+                ACK_SQL,
+                {"ids": [message_id], "owner": "w", "queue_id": queue.id, "handler_errors": 0},
+            ).fetchall()
             worker.commit()
 
             assert purge.result(timeout=10).rowcount == 0

@@ -53,7 +53,7 @@ def test_a_message_is_claimed_and_acknowledged_by_the_batch_statements(orders, p
     ids = publish(orders, 3)
 
     assert sorted(claimed(orders, 3)) == ids
-    assert messages_ack(message_ids=ids, owner=OWNER) == 3
+    assert len(messages_ack(queue_id=orders.id, message_ids=ids, owner=OWNER)) == 3
 
     for message in Message.objects.filter(id__in=ids):
         assert (message.state, message.attempts, message.lease_deadline) == (S.DELIVERED, 1, None)
@@ -65,7 +65,7 @@ def test_a_delivered_message_is_neither_claimed_nor_acknowledged_again(orders, p
     before = snapshot(message_id)
 
     assert claimed(orders, 1) == []
-    assert messages_ack(message_ids=[message_id], owner=OWNER) == 0
+    assert messages_ack(queue_id=orders.id, message_ids=[message_id], owner=OWNER) == []
     assert snapshot(message_id) == before
 
 
@@ -73,7 +73,7 @@ def test_only_the_lease_owner_settles_a_delivery(orders, publish):
     [message_id] = publish(orders)
     claimed(orders, 1, owner="host:1:777")
 
-    assert messages_ack(message_ids=[message_id], owner="host:2:888") == 0
+    assert messages_ack(queue_id=orders.id, message_ids=[message_id], owner="host:2:888") == []
     retry = Retry(message_id, 5.0, "boom")
     assert messages_retry(retries=[retry], owner="host:2:888") == 0
     cause = DeadLetterCause("handler_error", "boom")
@@ -87,7 +87,7 @@ def test_a_blacklisted_message_cannot_be_acknowledged(orders, publish):
     quarantined([message_id])
     before = snapshot(message_id)
 
-    assert messages_ack(message_ids=[message_id], owner=OWNER) == 0
+    assert messages_ack(queue_id=orders.id, message_ids=[message_id], owner=OWNER) == []
 
     assert snapshot(message_id) == before
 

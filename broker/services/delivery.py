@@ -53,8 +53,8 @@ from broker.services.transitions.in_flight import (
     Claimed,
     DeadLetterCause,
     Retry,
-    messages_ack_counted,
-    messages_ack_counted_and_claim,
+    messages_ack,
+    messages_ack_and_claim,
     messages_claim,
     messages_dead_letter,
     messages_retry,
@@ -321,7 +321,7 @@ def _settle(
     with transaction.atomic() if answers else nullcontext():
         claimed: list[Claimed] = []
         if claim_next:
-            latencies, claimed = messages_ack_counted_and_claim(
+            latencies, claimed = messages_ack_and_claim(
                 queue_id=queue.id,
                 message_ids=acked,
                 owner=owner,
@@ -331,7 +331,7 @@ def _settle(
                 after=after,
             )
         else:
-            latencies = messages_ack_counted(
+            latencies = messages_ack(
                 queue_id=queue.id, message_ids=acked, owner=owner, handler_errors=len(answers)
             )
         outcome.acked = len(latencies)

@@ -38,7 +38,7 @@ def claimed(queue: Queue, count: int, *, owner: str = OWNER) -> list[int]:
 def delivered(queue: Queue, count: int) -> list[int]:
     """Claimed and acknowledged (DLVD)."""
     ids = claimed(queue, count)
-    messages_ack(message_ids=ids, owner=OWNER)
+    messages_ack(queue_id=queue.id, message_ids=ids, owner=OWNER)
     return ids
 
 

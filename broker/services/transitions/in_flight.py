@@ -134,9 +134,10 @@ acked AS (
     FROM acked
 )"""  # noqa: S608
 
-# Returns each message's time from its publish to this ack, on the database's
-# clock (the delivery latency /metrics shows).
-ACK_SQL = f"""
+# The ack alone, uncounted: the benches' bare loop, the floor any delivery
+# path is measured against. Returns each message's time from its publish to
+# this ack, on the database's clock (the delivery latency /metrics shows).
+BARE_ACK_SQL = f"""
 WITH {_ACK_CTES}
 SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 """  # noqa: S608
@@ -145,7 +146,7 @@ SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 # rows it acknowledged; handler_errors: a parameter), in one statement:
 # outside a transaction, one commit settles a batch its consumer
 # acknowledged whole.
-_ACK_COUNTED_SQL = f"""
+ACK_SQL = f"""
 WITH {_ACK_CTES}, {
     minute_count_ctes(
         delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
@@ -363,31 +364,18 @@ def _headers(text: str) -> dict[str, str]:
     return {} if text == "{}" else json.loads(text)
 
 
-def messages_ack(*, message_ids: Sequence[int], owner: str) -> int:
-    """DLNG -> DLVD for the messages still leased to ``owner``: their
-    consumer handled them. Runs in the caller's transaction; returns how
-    many were acknowledged."""
-    return len(messages_ack_latencies(message_ids=message_ids, owner=owner))
-
-
-def messages_ack_latencies(*, message_ids: Sequence[int], owner: str) -> list[float]:
-    """As ``messages_ack``; returns, for each message acknowledged, the
-    seconds from its publish to this ack."""
-    with connection.cursor() as cursor:
-        cursor.execute(ACK_SQL, {"ids": list(message_ids), "owner": owner})
-        return [seconds for (seconds,) in cursor.fetchall()]
-
-
-def messages_ack_counted(
-    *, queue_id: int, message_ids: Sequence[int], owner: str, handler_errors: int
+def messages_ack(
+    *, queue_id: int, message_ids: Sequence[int], owner: str, handler_errors: int = 0
 ) -> list[float]:
-    """As ``messages_ack_latencies``, and in the same statement adds the
-    messages acknowledged (delivered) and ``handler_errors`` to the queue's
-    per-minute counts (``broker.services.counting.minute_count``). Outside a
-    transaction it commits at once."""
+    """DLNG -> DLVD for the messages of queue ``queue_id`` still leased to
+    ``owner`` (their consumer handled them), and in the same statement the
+    messages acknowledged (delivered) and ``handler_errors`` added to the
+    queue's per-minute counts (``broker.services.counting.minute_count``).
+    Returns, for each message acknowledged, the seconds from its publish to
+    this ack. In the caller's transaction; outside one it commits at once."""
     with _prepared_cursor() as cursor:
         cursor.execute(
-            _ACK_COUNTED_SQL,
+            ACK_SQL,
             {
                 "ids": list(message_ids),
                 "owner": owner,
@@ -399,7 +387,7 @@ def messages_ack_counted(
         return [seconds for (seconds,) in cursor.fetchall()]
 
 
-def messages_ack_counted_and_claim(
+def messages_ack_and_claim(
     *,
     queue_id: int,
     message_ids: Sequence[int],
@@ -409,7 +397,7 @@ def messages_ack_counted_and_claim(
     limit: int,
     after: tuple[int, int] | None = None,
 ) -> tuple[list[float], list[Claimed]]:
-    """``messages_ack_counted`` and, in the same statement, ``messages_claim``
+    """``messages_ack`` and, in the same statement, ``messages_claim``
     of up to ``limit`` due messages of the queue (no suspects; ``after`` as
     there) under the same lease. Returns the ack's latencies and the
     messages claimed. Outside a transaction it commits at once."""

@@ -157,7 +157,7 @@ def _walk_through_states(*, orders_queue: Queue, payments_queue: Queue) -> None:
     an operator, dead-lettered, and in flight.
     """
     for queue, count in ((orders_queue, 80), (payments_queue, 20)):
-        messages_ack(message_ids=_claim(queue, count), owner=DEMO_WORKER)
+        messages_ack(queue_id=queue.id, message_ids=_claim(queue, count), owner=DEMO_WORKER)
     for queue, count in ((orders_queue, 5), (payments_queue, 3)):
         _claim(queue, count)
         messages_sweep()  # the demo worker holds no lease lock: a crash
