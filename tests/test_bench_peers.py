@@ -13,13 +13,7 @@ from bench import peers
 from bench._harness import BenchError
 from bench.peers import DatabaseWork, Result
 from rig.processes import database_url_for_workers
-
-
-def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        peers.parse_args(list(argv))
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err
+from tests.support.arguments import usage_error
 
 
 def result(
@@ -42,26 +36,34 @@ def result(
 # --- arguments ----------------------------------------------------------------------
 
 
-def test_it_rejects_an_unknown_system(capsys: pytest.CaptureFixture[str]) -> None:
-    error = parse_error(capsys, "--systems", "lazaretto,kafka")
-    assert "--systems: unknown system 'kafka' (choose from lazaretto, bare, pgmq" in error
-
-
-def test_it_rejects_an_empty_system_list(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--systems: give at least one system" in parse_error(capsys, "--systems", ",")
-
-
-def test_it_rejects_batch_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--batches: must be at least 1, not 0" in parse_error(capsys, "--batches", "100,0")
-
-
-def test_it_rejects_zero_messages(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--messages: must be at least 1, not 0" in parse_error(capsys, "--messages", "0")
-
-
-def test_it_rejects_zero_messages_for_a_slow_peer(capsys: pytest.CaptureFixture[str]) -> None:
-    error = parse_error(capsys, "--procrastinate-messages", "0")
-    assert "--procrastinate-messages: must be at least 1, not 0" in error
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        pytest.param(
+            ["--systems", "lazaretto,kafka"],
+            "--systems: unknown system 'kafka' (choose from lazaretto, bare, pgmq",
+            id="an unknown system",
+        ),
+        pytest.param(
+            ["--systems", ","], "--systems: give at least one system", id="an empty system list"
+        ),
+        pytest.param(
+            ["--batches", "100,0"], "--batches: must be at least 1, not 0", id="batch zero"
+        ),
+        pytest.param(
+            ["--messages", "0"], "--messages: must be at least 1, not 0", id="zero messages"
+        ),
+        pytest.param(
+            ["--procrastinate-messages", "0"],
+            "--procrastinate-messages: must be at least 1, not 0",
+            id="zero messages for a slow peer",
+        ),
+    ],
+)
+def test_it_rejects_a_bad_argument_naming_its_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    assert said in usage_error(peers.parse_args, capsys, *argv)
 
 
 def test_slow_systems_drain_fewer_messages_by_default() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from bench import soak
 from bench.soak import Reading, Sample, Window
+from tests.support.arguments import usage_error
 
 
 def sample(
@@ -43,45 +44,42 @@ def steady_series(acked: Sequence[float]) -> list[Sample]:
     return [sample(10.0 * (n + 1), acked=rate) for n, rate in enumerate(acked)]
 
 
-def parse_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        soak.parse_args(list(argv))
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err
-
-
 # --- arguments ----------------------------------------------------------------------
 
 
-def test_it_rejects_zero_minutes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--minutes: must be more than 0, not 0" in parse_error(capsys, "--minutes", "0")
-
-
-def test_it_rejects_a_steady_phase_too_short_to_halve(capsys: pytest.CaptureFixture[str]) -> None:
-    error = parse_error(capsys, "--minutes", "0.2")
-    assert "--minutes must be at least 0.33 (20 s" in error
-
-
-def test_it_rejects_a_negative_rate(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--rate: must be more than 0, not -5" in parse_error(capsys, "--rate", "-5")
-
-
-def test_it_rejects_a_rate_that_is_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--rate: not a number: 'fast'" in parse_error(capsys, "--rate", "fast")
-
-
-def test_it_rejects_an_infinite_rate(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--rate: must be more than 0, not inf" in parse_error(capsys, "--rate", "inf")
-
-
-def test_it_rejects_zero_idle_minutes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "--idle-minutes: must be more than 0" in parse_error(capsys, "--idle-minutes", "0")
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        pytest.param(
+            ["--minutes", "0"], "--minutes: must be more than 0, not 0", id="zero minutes"
+        ),
+        pytest.param(
+            ["--minutes", "0.2"],
+            "--minutes must be at least 0.33 (20 s",
+            id="a steady phase too short to halve",
+        ),
+        pytest.param(["--rate", "-5"], "--rate: must be more than 0, not -5", id="a negative rate"),
+        pytest.param(
+            ["--rate", "fast"], "--rate: not a number: 'fast'", id="a rate that is not a number"
+        ),
+        pytest.param(
+            ["--rate", "inf"], "--rate: must be more than 0, not inf", id="an infinite rate"
+        ),
+        pytest.param(
+            ["--idle-minutes", "0"], "--idle-minutes: must be more than 0", id="zero idle minutes"
+        ),
+    ],
+)
+def test_it_rejects_a_bad_argument_naming_its_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    assert said in usage_error(soak.parse_args, capsys, *argv)
 
 
 def test_it_rejects_a_recovery_without_a_window_after_the_check(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    error = parse_error(capsys, "--recovery-minutes", "1")
+    error = usage_error(soak.parse_args, capsys, "--recovery-minutes", "1")
     assert "--recovery-minutes must be at least 1.17 (70 s" in error
     assert "60 s after the idle transaction ends" in error
 

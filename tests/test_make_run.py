@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -15,17 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from rig.processes import ROOT, free_port
 from tests.support.databases import throwaway_database
 
-ROOT = Path(__file__).resolve().parent.parent
-
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -35,6 +35,16 @@ def _box(page: Page, message_id: int) -> Locator:
     return page.get_by_label(f"Select message {message_id}", exact=True)
 
 
+def on_the_blacklist_with_one_message(page: Page, live_server: LiveServer, operator: User) -> int:
+    """The operator logged in and on /blacklist/, which shows one message of
+    ORDERS.IN (a queue without consumer); returns its id."""
+    queue_create(name="ORDERS.IN")
+    [first] = blacklisted("ORDERS.IN", 1)
+    login(page, live_server, operator)
+    page.goto("/blacklist/")
+    return first
+
+
 def test_ticked_rows_survive_the_blacklist_refresh_and_the_bulk_action_releases_exactly_them(
     page: Page, live_server: LiveServer, operator: User, start_workers
 ) -> None:
@@ -95,10 +105,7 @@ def test_a_box_ticked_while_a_refresh_is_on_its_way_is_not_wiped_by_its_answer(
 def test_with_nothing_ticked_the_blacklist_shows_a_newly_blacklisted_message_without_a_reload(
     page: Page, live_server: LiveServer, operator: User, browser_log: BrowserLog
 ) -> None:
-    queue_create(name="ORDERS.IN")
-    [first] = blacklisted("ORDERS.IN", 1)
-    login(page, live_server, operator)
-    page.goto("/blacklist/")
+    first = on_the_blacklist_with_one_message(page, live_server, operator)
     expect(_row(page, first)).to_be_visible()
 
     [late] = blacklisted("ORDERS.IN", 1)
@@ -123,10 +130,7 @@ def test_the_dashboard_still_refreshes_itself(
 def test_once_its_boxes_are_unticked_again_the_blacklist_refreshes_itself_again(
     page: Page, live_server: LiveServer, operator: User
 ) -> None:
-    queue_create(name="ORDERS.IN")
-    [first] = blacklisted("ORDERS.IN", 1)
-    login(page, live_server, operator)
-    page.goto("/blacklist/")
+    first = on_the_blacklist_with_one_message(page, live_server, operator)
     _box(page, first).check()
     [late] = blacklisted("ORDERS.IN", 1)
     page.wait_for_timeout(TWO_POLLS_MS)
@@ -140,10 +144,7 @@ def test_once_its_boxes_are_unticked_again_the_blacklist_refreshes_itself_again(
 def test_a_row_reached_with_the_keyboard_keeps_its_focus_while_the_blacklist_would_refresh(
     page: Page, live_server: LiveServer, operator: User
 ) -> None:
-    queue_create(name="ORDERS.IN")
-    [first] = blacklisted("ORDERS.IN", 1)
-    login(page, live_server, operator)
-    page.goto("/blacklist/")
+    first = on_the_blacklist_with_one_message(page, live_server, operator)
     _box(page, first).focus()
     page.keyboard.press("Tab")  # from the row's box to its message link
     link = _row(page, first).get_by_role("link", name=str(first), exact=True)

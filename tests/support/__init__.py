@@ -14,5 +14,6 @@ modules import from here, never from one another.
 - ``archive``: Parquet files laid out as the archive job writes them.
 - ``processes``: ``manage.py`` run as a child process.
 - ``databases``: a database of a test's own beside the test database.
+- ``arguments``: what a command's argument parser says refusing arguments.
 - ``rules``: a rules table parsed for the tests of broker.rules (no Django).
 """
