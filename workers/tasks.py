@@ -257,16 +257,21 @@ def _dead_letter_scan_all() -> None:
             )
 
 
+def _start_after_commit(task: Any, job_id: int, what: str) -> None:
+    """Send ``task`` for the job once the transaction that made it commits."""
+
+    def send() -> None:
+        try:
+            task.apply_async((job_id,), retry=False)
+        except Exception as error:  # Redis down: the job stays queued; the console says so
+            logger.warning("could not start %s %s: %s", what, job_id, error)
+
+    transaction.on_commit(send, robust=True)
+
+
 @receiver(bulk_job_submitted)
 def run_after_submit(sender: Any, job: BulkJob, **kwargs: Any) -> None:
-    transaction.on_commit(lambda: _send_bulk_job(job.id), robust=True)
-
-
-def _send_bulk_job(job_id: int) -> None:
-    try:
-        bulk_job.apply_async((job_id,), retry=False)
-    except Exception as error:  # Redis down: the job stays queued; the console says so
-        logger.warning("could not start bulk job %s: %s", job_id, error)
+    _start_after_commit(bulk_job, job.id, "bulk job")
 
 
 @app.task(name="lazaretto.bulk_job", acks_late=True, ignore_result=True)
@@ -277,14 +282,7 @@ def bulk_job(job_id: int) -> None:
 
 @receiver(replay_job_submitted)
 def launch_after_submit(sender: Any, job: ReplayJob, **kwargs: Any) -> None:
-    transaction.on_commit(lambda: _send_replay_job(job.id), robust=True)
-
-
-def _send_replay_job(job_id: int) -> None:
-    try:
-        replay_job.apply_async((job_id,), retry=False)
-    except Exception as error:  # Redis down: the job stays queued; the console says so
-        logger.warning("could not launch replay job %s: %s", job_id, error)
+    _start_after_commit(replay_job, job.id, "replay job")
 
 
 @app.task(name="lazaretto.replay_job", ignore_result=True)

@@ -34,7 +34,20 @@ class NameRelatedField(serializers.SlugRelatedField):
         "maximum": MAX_WEBHOOK_TIMEOUT_SECONDS,
     }
 )
-class WebhookTimeoutField(serializers.FloatField):
+class FiniteFloatField(serializers.FloatField):
+    """A JSON number that is finite: not true or false (which Python counts
+    as numbers), not NaN, not an infinity."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("invalid")
+        return float(value)
+
+
+class WebhookTimeoutField(FiniteFloatField):
     """Seconds, a finite number within the bounds. Booleans, NaN and
     infinity, which ``float()`` would take, are refused here so the error
     names the field."""
@@ -43,14 +56,6 @@ class WebhookTimeoutField(serializers.FloatField):
         super().__init__(
             min_value=MIN_WEBHOOK_TIMEOUT_SECONDS, max_value=MAX_WEBHOOK_TIMEOUT_SECONDS, **kwargs
         )
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
-        value = super().to_internal_value(data)
-        if not math.isfinite(value):
-            self.fail("invalid")
-        return value
 
 
 def fields_through(
@@ -95,7 +100,7 @@ class PayloadField(serializers.CharField):
         "maximum": MAX_EXPIRY_SECONDS,
     }
 )
-class ExpiryField(serializers.FloatField):
+class ExpiryField(FiniteFloatField):
     """Seconds until a message expires: a number (or numeric string, as
     DRF's FloatField takes) above 0 and at most 365 days. Booleans, NaN and
     infinity, which ``float()`` would take, are refused here so the error
@@ -107,11 +112,7 @@ class ExpiryField(serializers.FloatField):
         super().__init__(max_value=MAX_EXPIRY_SECONDS, **kwargs)
 
     def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
         value = super().to_internal_value(data)
-        if not math.isfinite(value):
-            self.fail("invalid")
         if value <= 0:
             self.fail("not_positive")
         return value
