@@ -28,43 +28,45 @@ from typing import Any, cast
 import redis
 from redis.exceptions import RedisError
 
-# KEYS: term, lease. ARGV: name, base epoch, "1" for a takeover, lease in ms.
-_BEGIN = """
-local name, base, takeover = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
+# What both scripts read first (KEYS: term, lease; ARGV[1]: the node's
+# name): the term, the lease's holder, and a refusal when another node holds
+# the lease. Every answer is {outcome, epoch, primary, standby, holder}.
+_READ = """
+local name = ARGV[1]
 local t = redis.call('HMGET', KEYS[1], 'epoch', 'primary', 'standby')
 local epoch, primary, standby = tonumber(t[1]) or 0, t[2] or '', t[3] or ''
 local holder = redis.call('GET', KEYS[2]) or ''
-if holder ~= '' and holder ~= name then
-  return {'lease', epoch, primary, standby, holder}
-end
-if epoch > base and primary ~= name then
-  return {'behind', epoch, primary, standby, holder}
-end
-if takeover and (standby ~= name or epoch ~= base) then
-  return {'not-synchronous', epoch, primary, standby, holder}
-end
+local function answer(outcome) return {outcome, epoch, primary, standby, holder} end
+if holder ~= '' and holder ~= name then return answer('lease') end
+"""
+
+# ARGV: name, base epoch, "1" for a takeover, lease in ms.
+_BEGIN = (
+    _READ
+    + """
+local base, takeover = tonumber(ARGV[2]), ARGV[3] == '1'
+if epoch > base and primary ~= name then return answer('behind') end
+if takeover and (standby ~= name or epoch ~= base) then return answer('not-synchronous') end
 local new = math.max(base, epoch) + 1
 redis.call('HSET', KEYS[1], 'epoch', new, 'primary', name, 'standby', '')
 redis.call('SET', KEYS[2], name, 'PX', ARGV[4])
 return {'granted', new, name, '', name}
 """
+)
 
-# KEYS: term, lease. ARGV: name, epoch, standby, lease in ms.
-_RENEW = """
-local name, mine = ARGV[1], tonumber(ARGV[2])
-local t = redis.call('HMGET', KEYS[1], 'epoch', 'primary', 'standby')
-local epoch, primary, standby = tonumber(t[1]) or 0, t[2] or '', t[3] or ''
-local holder = redis.call('GET', KEYS[2]) or ''
-if holder ~= '' and holder ~= name then
-  return {'lease', epoch, primary, standby, holder}
-end
+# ARGV: name, epoch, standby, lease in ms.
+_RENEW = (
+    _READ
+    + """
+local mine = tonumber(ARGV[2])
 if epoch > mine or (epoch == mine and primary ~= '' and primary ~= name) then
-  return {'superseded', epoch, primary, standby, holder}
+  return answer('superseded')
 end
 redis.call('HSET', KEYS[1], 'epoch', mine, 'primary', name, 'standby', ARGV[3])
 redis.call('SET', KEYS[2], name, 'PX', ARGV[4])
 return {'granted', mine, name, ARGV[3], name}
 """
+)
 
 # KEYS: lease. ARGV: name.
 _RELEASE = """
