@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
-from broker.errors import BrokerError
+from broker.management.verbs import VerbCommand
 from broker.rules import export, parse, validation_report
 from broker.selectors import active_rule_table, rule_table_version
 from broker.services.dead_letters import (
@@ -28,7 +28,8 @@ from broker.services.rule_tables import rule_table_create, rule_table_create_and
 IDLE_POLL_SECONDS = 1.0
 
 
-class Command(BaseCommand):
+class Command(VerbCommand):
+    verb_option = "action"
     help = "Validate, import, export and run dead-letter rules tables (runmqdlq syntax)."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,12 +49,6 @@ class Command(BaseCommand):
         run = commands.add_parser("run", help="process a dead-letter queue by its active table")
         run.add_argument("--queue", required=True)
         run.add_argument("--once", action="store_true", help="one scan, then stop")
-
-    def handle(self, *args: Any, action: str, **options: Any) -> None:
-        try:
-            getattr(self, f"_{action}")(**options)
-        except BrokerError as error:
-            raise CommandError(error.detail) from None
 
     def _read(self, file: Path) -> str:
         try:

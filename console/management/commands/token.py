@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from broker.errors import BrokerError
+from broker.management.verbs import VerbCommand
 from console.models import ApiToken
 from console.tokens import token_create, token_revoke
 
 
-class Command(BaseCommand):
+class Command(VerbCommand):
     help = "Create, list and revoke API tokens."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -25,12 +25,6 @@ class Command(BaseCommand):
         listing.add_argument("username", nargs="?")
         revoke = verbs.add_parser("revoke", help="refuse a token from now on")
         revoke.add_argument("id", type=int)
-
-    def handle(self, *args: Any, verb: str, **options: Any) -> None:
-        try:
-            getattr(self, f"_{verb}")(**options)
-        except BrokerError as error:
-            raise CommandError(error.detail) from None
 
     def _user(self, username: str) -> User:
         user = User.objects.filter(username=username).first()

@@ -9,13 +9,13 @@ import getpass
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from broker.errors import BrokerError
+from broker.management.verbs import VerbCommand
 from console.users import ROLES, user_create, user_deactivate, user_set_role, users_list
 
 
-class Command(BaseCommand):
+class Command(VerbCommand):
     help = "Create users, list them, change a user's role, deactivate a user."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,12 +29,6 @@ class Command(BaseCommand):
         role.add_argument("role", help=" | ".join(ROLES))
         deactivate = verbs.add_parser("deactivate", help="stop a user's sign-ins and tokens")
         deactivate.add_argument("name")
-
-    def handle(self, *args: Any, verb: str, **options: Any) -> None:
-        try:
-            getattr(self, f"_{verb}")(**options)
-        except BrokerError as error:
-            raise CommandError(error.detail) from None
 
     def _password(self) -> str:
         if not sys.stdin.isatty():
