@@ -405,6 +405,39 @@ def migrated_cluster(*, durable: bool) -> Path:
     return _MIGRATED[durable]
 
 
+def _nodes_env(redis_url: str, dump_dir: Path) -> dict[str, str]:
+    """What both nodes of a pair get: the tests' heartbeat, secret and tools."""
+    return {
+        **process_env(),
+        "CELERY_BROKER_URL": redis_url,
+        "DUMP_DIR": str(dump_dir),
+        "HA_SECRET": SECRET,
+        "HA_HEARTBEAT_INTERVAL": str(INTERVAL),
+        "HA_HEARTBEAT_TIMEOUT": str(TIMEOUT),
+        "HA_DISCOVERY_TIMEOUT": str(DISCOVERY),
+        "HA_PG_OS_USER": PG_OS_USER if os.geteuid() == 0 else "",
+        "HA_PG_BINDIR": str(pg_bindir()),
+        "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.5",
+        "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.5",
+    }
+
+
+def _node_env(
+    common: dict[str, str], me: Cluster, peer: Cluster, listen: int, peer_listen: int
+) -> dict[str, str]:
+    """One node's: its own server, where it and its peer listen."""
+    return {
+        **common,
+        "DATABASE_URL": me.url,
+        "HA_LISTEN": f"{me.host}:{listen}",
+        "HA_PEER": f"{peer.host}:{peer_listen}",
+        "HA_PEER_DATABASE_URL": peer.url,
+        "HA_PGDATA": str(me.data),
+        "HA_PG_OPTIONS": me.options,
+        "HA_PG_LOG": str(me.log),
+    }
+
+
 @contextlib.contextmanager
 def ha_pair(
     redis_url: str, *, dump_dir: Path, durable: bool = False, network: Network | None = None
@@ -432,37 +465,24 @@ def ha_pair(
         assert copied.returncode == 0, copied.stderr
         a.start()
         listen_a, listen_b = free_port(), free_port()
-        common = {
-            **process_env(),
-            "CELERY_BROKER_URL": redis_url,
-            "DUMP_DIR": str(dump_dir),
-            "HA_SECRET": SECRET,
-            "HA_HEARTBEAT_INTERVAL": str(INTERVAL),
-            "HA_HEARTBEAT_TIMEOUT": str(TIMEOUT),
-            "HA_DISCOVERY_TIMEOUT": str(DISCOVERY),
-            "HA_PG_OS_USER": PG_OS_USER if os.geteuid() == 0 else "",
-            "HA_PG_BINDIR": str(pg_bindir()),
-            "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.5",
-            "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.5",
-        }
-
-        def node_env(me: Cluster, peer: Cluster, listen: int, peer_listen: int) -> dict[str, str]:
-            return {
-                **common,
-                "DATABASE_URL": me.url,
-                "HA_LISTEN": f"{me.host}:{listen}",
-                "HA_PEER": f"{peer.host}:{peer_listen}",
-                "HA_PEER_DATABASE_URL": peer.url,
-                "HA_PGDATA": str(me.data),
-                "HA_PG_OPTIONS": me.options,
-                "HA_PG_LOG": str(me.log),
-            }
-
+        common = _nodes_env(redis_url, dump_dir)
         node_a = NodeProcess(
-            "A", a, b, listen_a, listen_b, base / "node-A.log", node_env(a, b, listen_a, listen_b)
+            "A",
+            a,
+            b,
+            listen_a,
+            listen_b,
+            base / "node-A.log",
+            _node_env(common, a, b, listen_a, listen_b),
         )
         node_b = NodeProcess(
-            "B", b, a, listen_b, listen_a, base / "node-B.log", node_env(b, a, listen_b, listen_a)
+            "B",
+            b,
+            a,
+            listen_b,
+            listen_a,
+            base / "node-B.log",
+            _node_env(common, b, a, listen_b, listen_a),
         )
         pair = Pair(base=base, a=node_a, b=node_b, redis_url=redis_url, network=network)
         yield pair
