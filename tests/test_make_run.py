@@ -1,6 +1,7 @@
 """`make run` on a database of its own: migrates, loads the demo, prints the
 admin password and serves the login page."""
 
+import contextlib
 import json
 import os
 import re
@@ -43,15 +44,9 @@ def fetch(url: str) -> tuple[int, str]:
 def commands_in_session(session: int) -> list[str]:
     """The command lines of the processes in session ``session``."""
     commands = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session:
-                commands.append(
-                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                )
-        except (OSError, IndexError, ValueError):
-            continue
+    for pid in pids_in_session(session):
+        with contextlib.suppress(OSError):
+            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
     return commands
 
 
@@ -116,3 +111,27 @@ def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+        end_session(process.pid)
+
+
+def end_session(session: int) -> None:
+    """Wait for make run's processes to stop (its script stops them, SIGKILL
+    after 10 s); SIGKILL any still in its session after 20 s, so that none
+    outlives the test (a fixture drops their database next)."""
+    deadline = time.monotonic() + 20
+    while pids_in_session(session) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in pids_in_session(session):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pids_in_session(session: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == session:
+                pids.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
