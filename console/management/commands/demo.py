@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from typing import Any
 
@@ -75,7 +76,8 @@ class Command(BaseCommand):
         else:
             self._load_messages()
         passwords = {name: self._user(name) for name in ("admin", "operator", "viewer")}
-        self.stdout.write(self.style.SUCCESS("Demo ready. Log in at http://127.0.0.1:8000/"))
+        port = os.environ.get("PORT") or "8000"  # make run serves the console there
+        self.stdout.write(self.style.SUCCESS(f"Demo ready. Log in at http://127.0.0.1:{port}/"))
         for name, password in passwords.items():
             self.stdout.write(f"  {name:<9} password: {password}")
 
