@@ -33,7 +33,7 @@ from rig.ha import (
     shell,
     start_pair,
 )
-from rig.processes import ROOT, RedisServer, Workers, wait_until
+from rig.processes import ROOT, RedisServer, Workers, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -164,7 +164,7 @@ def test_a_second_node_of_a_live_name_refuses_to_start(pair: Pair) -> None:
     elsewhere = subprocess.run(
         [sys.executable, "manage.py", "broker_node", "--name", "A"],
         cwd=ROOT,
-        env={**pair.a.env, "HA_LISTEN": f"127.0.0.1:{pair.a.listen + 1}"},
+        env={**pair.a.env, "HA_LISTEN": f"127.0.0.1:{free_port()}"},
         capture_output=True,
         text=True,
         check=False,

@@ -732,7 +732,9 @@ class BrokerNode:
                 # in (a reload is asynchronous): announced on the next step.
                 self.local.set_settings({"synchronous_standby_names": f'"{replica.name}"'})
                 self._sync_pending = replica.name
-            elif self.synchronous_standby != replica.name:
+            elif self.synchronous_standby != replica.name and self._witness_records(replica.name):
+                # Announced (the standby turns STANDBY, and may take over)
+                # only once the witness names it.
                 self._sync_pending = ""
                 self.synchronous_standby = replica.name
                 self.mode = "synchronous"
@@ -746,7 +748,7 @@ class BrokerNode:
                 self._standby_streaming_seen is None
                 or now - self._standby_streaming_seen > self.config.timeout
             )
-            and self._witness_drops(self.synchronous_standby)
+            and self._witness_records("")
         ):
             lost = self.synchronous_standby
             self.local.set_settings({"synchronous_standby_names": None})
@@ -766,17 +768,20 @@ class BrokerNode:
             )
         return streaming
 
-    def _witness_drops(self, standby: str) -> bool:
-        """Whether the witness recorded that the primary goes on without
-        ``standby``, which stopped replying: from then on the standby cannot
-        take over (its grant asks to be the term's standby), so writes may be
-        acknowledged without it. Until then commits keep waiting."""
+    def _witness_records(self, standby: str) -> bool:
+        """Whether the witness now names ``standby`` as the one every commit
+        waits for (empty: the primary goes on alone). A standby is announced
+        synchronous, and so may take over, only once it is named; the
+        primary acknowledges writes without it only once the witness says
+        so, after which the standby's grant is refused. Until then nothing
+        changes: commits keep waiting, or the standby stays unannounced."""
         if self.witness is None:
             return True
         try:
-            self.witness.renew(self.config.name, epoch=self.epoch, standby="")
+            self.witness.renew(self.config.name, epoch=self.epoch, standby=standby)
         except (WitnessRefused, WitnessUnreachable) as error:
-            self._say("primary", f"{standby} stopped replying; commits wait for it: {error}")
+            change = f"{standby} synchronous" if standby else "going on alone"
+            self._say("primary", f"the witness did not record {change}: {error}")
             return False
         return True
 
