@@ -14,6 +14,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from broker.errors import BrokerError, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
@@ -126,13 +127,15 @@ def user_create(*, name: str, role: str, password: str, actor: Actor) -> User:
     return user
 
 
-def _active_admins_besides(user: User) -> int:
-    others = User.objects.filter(is_active=True).exclude(id=user.id).prefetch_related("groups")
-    return sum(1 for other in others if user_role(other) >= Role.ADMIN)
+def _another_active_admin(user: User) -> bool:
+    """Whether an active user besides ``user`` is an admin (a superuser, or
+    in the admin group: console.roles), in one query."""
+    admins = Q(is_superuser=True) | Q(groups__name=Role.ADMIN.label)
+    return User.objects.filter(admins, is_active=True).exclude(id=user.id).exists()
 
 
 def _keep_an_admin(user: User, change: str) -> None:
-    if user.is_active and user_role(user) >= Role.ADMIN and not _active_admins_besides(user):
+    if user.is_active and user_role(user) >= Role.ADMIN and not _another_active_admin(user):
         raise LastAdmin(
             f"{user.get_username()} is the only active admin: {change} would leave nobody "
             "to manage users and settings. Give another user the admin role first."
