@@ -214,38 +214,54 @@ def test_errors_inside_continued_entries_point_at_the_original_line_and_column()
 # One test per kind of error
 
 
-def test_an_unknown_keyword_is_an_error():
-    assert only_error("ACTION(IGNORE) DESTQUEUE(X)") == RuleError(
-        1, 16, "unknown keyword DESTQUEUE"
-    )
+# Texts with one error each, and the error: line, column and message.
+ONE_ERROR = {
+    "ACTION(IGNORE) DESTQUEUE(X)": (1, 16, "unknown keyword DESTQUEUE"),
+    "DESTQ(A) ACTION(IGNORE) destq(B)": (1, 25, "duplicate keyword DESTQ in this entry"),
+    "* comment\n  DESTQ(A)": (2, 3, "missing ACTION: every rule needs one"),
+    "DESTQ(A) ACTION(FWD) FWDQM(QM2)": (1, 10, "ACTION(FWD) requires FWDQ"),
+    "ACTION(DISCARD) HEADER(YES)": (1, 17, "HEADER is only allowed with ACTION(FWD)"),
+    "ACTION(DELETE)": (
+        1,
+        8,
+        "invalid ACTION value 'DELETE': expected DISCARD, IGNORE, RETRY or FWD",
+    ),
+    "ACTION(IGNORE)\nDESTQ(A) WAIT(NO) ACTION(DISCARD)": (
+        2,
+        10,
+        "WAIT is a control data keyword and cannot appear in a rule",
+    ),
+    "ACTION(IGNORE)\n  INPUTQ(DLQ) RETRYINT(5)": (2, 3, "control data must be the first entry"),
+    "ACTION(IGNORE) DESTQ(A": (1, 21, "unbalanced parentheses: '(' without a matching ')'"),
+    "ACTION(IGNORE)) DESTQ(A)": (1, 15, "unbalanced parentheses: ')' without a matching '('"),
+    "ACTION(IGNORE) APPLIDAT('it''s open)": (
+        1,
+        25,
+        "unterminated quoted value: the closing quote is missing",
+    ),
+    "ACTION(IGNORE) DESTQ(A B)": (
+        1,
+        23,
+        "unexpected blank in the value of DESTQ; "
+        "quote values that contain blanks, commas, quotes or parentheses",
+    ),
+    "ACTION(FWD) FWDQ(Q) +\n": (
+        1,
+        21,
+        "the last line ends with a continuation character but no line follows",
+    ),
+}
 
 
-def test_a_keyword_written_twice_in_an_entry_is_an_error():
-    assert only_error("DESTQ(A) ACTION(IGNORE) destq(B)") == RuleError(
-        1, 25, "duplicate keyword DESTQ in this entry"
-    )
-
-
-def test_a_rule_without_action_is_an_error():
-    assert only_error("* comment\n  DESTQ(A)") == RuleError(
-        2, 3, "missing ACTION: every rule needs one"
-    )
+@pytest.mark.parametrize(
+    ("text", "line", "column", "message"), [(text, *error) for text, error in ONE_ERROR.items()]
+)
+def test_an_error_is_reported_once_at_its_line_and_column(text, line, column, message):
+    assert only_error(text) == RuleError(line, column, message)
 
 
 def test_a_misspelt_action_is_not_also_reported_as_missing():
     assert messages_of("ACTON(IGNORE)") == ["unknown keyword ACTON"]
-
-
-def test_forwarding_without_fwdq_is_an_error():
-    assert only_error("DESTQ(A) ACTION(FWD) FWDQM(QM2)") == RuleError(
-        1, 10, "ACTION(FWD) requires FWDQ"
-    )
-
-
-def test_header_on_a_rule_that_does_not_forward_is_an_error():
-    assert only_error("ACTION(DISCARD) HEADER(YES)") == RuleError(
-        1, 17, "HEADER is only allowed with ACTION(FWD)"
-    )
 
 
 def test_fwdq_and_fwdqm_on_a_rule_that_does_not_forward_are_errors():
@@ -348,12 +364,6 @@ def test_long_forward_and_control_names_are_errors():
     ]
 
 
-def test_an_invalid_action_is_an_error():
-    assert only_error("ACTION(DELETE)") == RuleError(
-        1, 8, "invalid ACTION value 'DELETE': expected DISCARD, IGNORE, RETRY or FWD"
-    )
-
-
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -398,12 +408,6 @@ def test_non_numeric_or_out_of_range_retry_and_retryint_are_errors(text, message
     assert messages_of(text) == [message]
 
 
-def test_a_control_keyword_in_a_rule_is_an_error():
-    assert only_error("ACTION(IGNORE)\nDESTQ(A) WAIT(NO) ACTION(DISCARD)") == RuleError(
-        2, 10, "WAIT is a control data keyword and cannot appear in a rule"
-    )
-
-
 def test_a_first_entry_mixing_control_and_rule_keywords_is_a_rule_with_an_error():
     result = validation_report("INPUTQ(DLQ) ACTION(IGNORE)")
 
@@ -416,12 +420,6 @@ def test_a_first_entry_mixing_control_and_rule_keywords_is_a_rule_with_an_error(
     ]
     assert result["control"] == {}
     assert result["rules"] == [{"line": 1, "keywords": {"ACTION": "IGNORE"}}]
-
-
-def test_control_data_after_a_rule_is_an_error():
-    assert only_error("ACTION(IGNORE)\n  INPUTQ(DLQ) RETRYINT(5)") == RuleError(
-        2, 3, "control data must be the first entry"
-    )
 
 
 def test_an_unclosed_parenthesis_is_an_error_and_the_next_keyword_is_still_read():
@@ -437,33 +435,6 @@ def test_unreadable_text_is_not_also_reported_as_a_missing_keyword():
     ]
 
 
-def test_an_unclosed_parenthesis_at_the_end_of_an_entry_is_an_error():
-    assert only_error("ACTION(IGNORE) DESTQ(A") == RuleError(
-        1, 21, "unbalanced parentheses: '(' without a matching ')'"
-    )
-
-
-def test_a_closing_parenthesis_without_an_opening_one_is_an_error():
-    assert only_error("ACTION(IGNORE)) DESTQ(A)") == RuleError(
-        1, 15, "unbalanced parentheses: ')' without a matching '('"
-    )
-
-
-def test_an_unterminated_quote_is_an_error():
-    assert only_error("ACTION(IGNORE) APPLIDAT('it''s open)") == RuleError(
-        1, 25, "unterminated quoted value: the closing quote is missing"
-    )
-
-
-def test_a_blank_inside_an_unquoted_value_is_an_error():
-    assert only_error("ACTION(IGNORE) DESTQ(A B)") == RuleError(
-        1,
-        23,
-        "unexpected blank in the value of DESTQ; "
-        "quote values that contain blanks, commas, quotes or parentheses",
-    )
-
-
 def test_text_outside_keyword_value_pairs_is_an_error():
     assert errors_of("ACTION(FWD) FWDQ(Q) forward it 'now'\nACTION IGNORE") == [
         (1, 21, "unexpected text \"forward it 'now'\"; expected KEYWORD(value)"),
@@ -477,12 +448,6 @@ def test_text_outside_keyword_value_pairs_is_an_error():
 )
 def test_a_table_with_no_rule_is_an_error(text):
     assert only_error(text) == RuleError(1, 1, "the rules table contains no rules")
-
-
-def test_a_continuation_on_the_last_line_is_an_error():
-    assert only_error("ACTION(FWD) FWDQ(Q) +\n") == RuleError(
-        1, 21, "the last line ends with a continuation character but no line follows"
-    )
 
 
 def test_each_bad_value_is_reported_once_and_the_rest_of_the_entry_is_still_checked():
