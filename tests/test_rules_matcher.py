@@ -44,39 +44,41 @@ def test_an_action_only_rule_matches_every_message():
     assert rule_matches(rule, {"DESTQ": "ANY.QUEUE", "REASON": 2035, "USERID": "bob"})
 
 
-def test_a_star_matches_any_run_of_characters_including_none():
-    rule = rule_of("DESTQ(ORDERS.*.IN*) ACTION(DISCARD)")
+# A pattern, the values it matches and those it does not.
+PATTERNS = [
+    pytest.param(
+        "DESTQ(ORDERS.*.IN*)",
+        ["ORDERS..IN", "ORDERS.EU.WEST.INBOUND"],
+        ["ORDERS.IN", "XORDERS.EU.IN"],
+        id="a star matches any run of characters including none",
+    ),
+    pytest.param(
+        "USERID(?OB)",
+        ["BOB", "ROB"],
+        ["OB", "BBOB"],
+        id="a question mark matches exactly one character",
+    ),
+    pytest.param(
+        "DESTQ('A.B+[C]')",
+        ["A.B+[C]"],
+        ["AXB+C"],
+        id="other characters match themselves even where regular expressions would not",
+    ),
+    # String matching is case-sensitive, and unquoted patterns are upper case.
+    pytest.param("USERID(bob)", ["BOB"], ["bob"], id="unquoted patterns are upper case"),
+    pytest.param("USERID('bob')", ["bob"], ["BOB"], id="quoted patterns keep their case"),
+]
 
-    assert rule_matches(rule, {"DESTQ": "ORDERS..IN"})
-    assert rule_matches(rule, {"DESTQ": "ORDERS.EU.WEST.INBOUND"})
-    assert not rule_matches(rule, {"DESTQ": "ORDERS.IN"})
-    assert not rule_matches(rule, {"DESTQ": "XORDERS.EU.IN"})
 
+@pytest.mark.parametrize(("pattern", "matched", "unmatched"), PATTERNS)
+def test_a_pattern_matches_its_values_and_no_others(pattern, matched, unmatched):
+    rule = rule_of(f"{pattern} ACTION(DISCARD)")
+    field = pattern.split("(")[0]
 
-def test_a_question_mark_matches_exactly_one_character():
-    rule = rule_of("USERID(?OB) ACTION(DISCARD)")
-
-    assert rule_matches(rule, {"USERID": "BOB"})
-    assert rule_matches(rule, {"USERID": "ROB"})
-    assert not rule_matches(rule, {"USERID": "OB"})
-    assert not rule_matches(rule, {"USERID": "BBOB"})
-
-
-def test_other_characters_match_themselves_even_where_regular_expressions_would_not():
-    rule = rule_of("DESTQ('A.B+[C]') ACTION(DISCARD)")
-
-    assert rule_matches(rule, {"DESTQ": "A.B+[C]"})
-    assert not rule_matches(rule, {"DESTQ": "AXB+C"})
-
-
-def test_string_matching_is_case_sensitive_and_unquoted_patterns_are_upper_case():
-    unquoted = rule_of("USERID(bob) ACTION(DISCARD)")
-    quoted = rule_of("USERID('bob') ACTION(DISCARD)")
-
-    assert rule_matches(unquoted, {"USERID": "BOB"})
-    assert not rule_matches(unquoted, {"USERID": "bob"})
-    assert rule_matches(quoted, {"USERID": "bob"})
-    assert not rule_matches(quoted, {"USERID": "BOB"})
+    for value in matched:
+        assert rule_matches(rule, {field: value})
+    for value in unmatched:
+        assert not rule_matches(rule, {field: value})
 
 
 def test_trailing_blanks_are_ignored_on_both_sides():
