@@ -61,29 +61,22 @@ def outsider(db: None) -> User:
     return _user("olga", None)
 
 
-def _client(user: User) -> APIClient:
-    _token, key = token_create(user=user, name="tests")
-    return with_key(key)
+def _api_client_of(role: str) -> Any:
+    """The fixture ``<role>_api``: an API client with a token of the user
+    the fixture ``role`` makes."""
+
+    @pytest.fixture(name=f"{role}_api")
+    def api(request: pytest.FixtureRequest) -> APIClient:
+        _token, key = token_create(user=request.getfixturevalue(role), name="tests")
+        return with_key(key)
+
+    return api
 
 
-@pytest.fixture
-def admin_api(admin: User) -> APIClient:
-    return _client(admin)
-
-
-@pytest.fixture
-def operator_api(operator: User) -> APIClient:
-    return _client(operator)
-
-
-@pytest.fixture
-def viewer_api(viewer: User) -> APIClient:
-    return _client(viewer)
-
-
-@pytest.fixture
-def outsider_api(outsider: User) -> APIClient:
-    return _client(outsider)
+admin_api = _api_client_of("admin")
+operator_api = _api_client_of("operator")
+viewer_api = _api_client_of("viewer")
+outsider_api = _api_client_of("outsider")
 
 
 @pytest.fixture
