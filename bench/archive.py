@@ -22,19 +22,7 @@ from typing import Any
 
 import psycopg
 
-from bench._harness import (
-    BenchError,
-    batch_sizes,
-    checkpoint,
-    log,
-    make_queue,
-    parser,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-)
+from bench import _harness as harness
 from bench._loaders import age_delivered, copy_batch
 from bench._spark import (
     DRIVER_ENV,
@@ -102,12 +90,14 @@ class Figures:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = parser(__doc__, messages=200_000, messages_help="messages due", size=True)
+    options = harness.parser(__doc__, messages=200_000, messages_help="messages due", size=True)
     options.add_argument(
-        "--chunk-rows", type=positive_int, help="LAZARETTO_ARCHIVE_CHUNK_ROWS for the driver"
+        "--chunk-rows",
+        type=harness.positive_int,
+        help="LAZARETTO_ARCHIVE_CHUNK_ROWS for the driver",
     )
     options.add_argument(
-        "--partitions", type=positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
+        "--partitions", type=harness.positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
     )
     return Options(**vars(options.parse_args(argv)))
 
@@ -127,10 +117,10 @@ def deliver_old(bench_url: str, options: Options) -> tuple[int, list[int]]:
     and the messages' ids."""
     from broker.services.publish import NewMessage
 
-    queue = make_queue(QUEUE, options.size)
+    queue = harness.make_queue(QUEUE, options.size)
     started = time.perf_counter()
     with psycopg.connect(bench_url, autocommit=True) as conn:
-        for count in batch_sizes(options.messages, SETUP_BATCH):
+        for count in harness.batch_sizes(options.messages, SETUP_BATCH):
             messages = [
                 NewMessage(payload=payload, content_type=CONTENT_TYPE, headers={"n": "1"})
                 for payload in random_payloads(count, options.size)
@@ -138,8 +128,10 @@ def deliver_old(bench_url: str, options: Options) -> tuple[int, list[int]]:
             copy_batch(conn, queue.id, messages)
         ids = age_delivered(conn, queue.id, AGE_DAYS)
     if len(ids) != options.messages:
-        raise BenchError(f"setup: {len(ids)} of {options.messages} messages delivered")
-    log(f"setup: {len(ids)} DLVD messages, {AGE_DAYS} days old, in {since(started):.1f}s")
+        raise harness.BenchError(f"setup: {len(ids)} of {options.messages} messages delivered")
+    harness.log(
+        f"setup: {len(ids)} DLVD messages, {AGE_DAYS} days old, in {harness.since(started):.1f}s"
+    )
     return queue.id, ids
 
 
@@ -180,10 +172,10 @@ def run_archive(bench_url: str) -> Run:
         with stdout_to_stderr():
             status = archive_launch()
     finally:
-        seconds = since(started)
+        seconds = harness.since(started)
         db_seconds = sampler.stop()
     if status != 0:
-        raise BenchError(f"the archive's Spark driver exited with status {status}")
+        raise harness.BenchError(f"the archive's Spark driver exited with status {status}")
     first_jdbc = sampler.first_jdbc.timestamp() - launched if sampler.first_jdbc else None
     longest = {kind: round(value, 1) for kind, value in sorted(sampler.longest.items())}
     return Run(seconds, first_jdbc, db_seconds, longest, launched)
@@ -195,7 +187,7 @@ def chunks_since(bench_url: str, launched: float) -> list[Chunk]:
     chunks = []
     for name, status, count, created, deleted in rows:
         if status != "deleted" or not isinstance(deleted, datetime):
-            raise BenchError(f"archive chunk {name} is {status}, not deleted")
+            raise harness.BenchError(f"archive chunk {name} is {status}, not deleted")
         chunks.append(
             Chunk(name, count, created.timestamp() - launched, deleted.timestamp() - launched)
         )
@@ -211,21 +203,25 @@ def verify(bench_url: str, queue_id: int, ids: list[int], archive_dir: Path) -> 
         row = conn.execute(LEFT_SQL, {"queue": queue_id}).fetchone()
     left, depth = row if row else (None, None)
     if left != 0 or depth != 0:
-        raise BenchError(f"archive: {left} messages left in PostgreSQL, depth counters say {depth}")
+        raise harness.BenchError(
+            f"archive: {left} messages left in PostgreSQL, depth counters say {depth}"
+        )
     incoming = [path for path in (archive_dir / "_incoming").glob("*") if path.exists()]
     if incoming:
-        raise BenchError(f"archive: left in _incoming: {incoming}")
+        raise harness.BenchError(f"archive: left in _incoming: {incoming}")
     files = sorted(archive_dir.glob("queue=*/day=*/*.parquet"))
     if not files:
-        raise BenchError(f"archive: no Parquet files under {archive_dir}")
+        raise harness.BenchError(f"archive: no Parquet files under {archive_dir}")
     table = ds.dataset([str(path) for path in files], format="parquet").to_table(columns=["id"])
     found = sorted(table.column("id").to_pylist())
     if found != ids:
-        raise BenchError(
+        raise harness.BenchError(
             f"archive: the Parquet files hold {len(found)} rows ({len(set(found))} distinct) "
             f"for {len(ids)} messages"
         )
-    log(f"archive: verified 0 left in PostgreSQL, {len(found)} rows in {len(files)} Parquet files")
+    harness.log(
+        f"archive: verified 0 left in PostgreSQL, {len(found)} rows in {len(files)} Parquet files"
+    )
     return len(files), sum(path.stat().st_size for path in files)
 
 
@@ -238,16 +234,16 @@ def run_all(options: Options, bench_url: str) -> Figures:
             LAZARETTO_SPARK_PARTITIONS=options.partitions,
             LAZARETTO_ARCHIVE_CHUNK_ROWS=options.chunk_rows,
         )
-        setup_django(bench_url)
+        harness.setup_django(bench_url)
         # No wake-ups here: the archive sends none, so no Redis of its own.
         os.environ.update(DRIVER_ENV)
         config = spark_config()
-        log(f"spark settings: {config}")
-        log(f"setup: {options.messages} delivered messages of {options.size} bytes")
+        harness.log(f"spark settings: {config}")
+        harness.log(f"setup: {options.messages} delivered messages of {options.size} bytes")
         queue_id, ids = deliver_old(bench_url, options)
         vacuum(bench_url)
-        checkpoint()
-        log(f"archive: running the archive's Spark driver over {options.messages} messages")
+        harness.checkpoint()
+        harness.log(f"archive: running the archive's Spark driver over {options.messages} messages")
         run = run_archive(bench_url)
         chunks = chunks_since(bench_url, run.launched)
         files, size = verify(bench_url, queue_id, ids, archive_dir)
@@ -262,14 +258,16 @@ def run_all(options: Options, bench_url: str) -> Figures:
         longest_seconds=run.longest_seconds,
         config=config,
     )
-    log(
+    harness.log(
         f"archive: {options.messages} archived in {run.seconds:.2f}s; first JDBC connection at "
         f"{run.startup if run.startup is None else round(run.startup, 2)}s; chunks "
         + ", ".join(
             f"{c.rows} written at {c.written:.2f}s, deleted at {c.deleted:.2f}s" for c in chunks
         )
     )
-    log(f"archive: sampled database time (s): {run.db_seconds}; longest (s): {run.longest_seconds}")
+    harness.log(
+        f"archive: sampled database time (s): {run.db_seconds}; longest (s): {run.longest_seconds}"
+    )
     return figures
 
 
@@ -335,12 +333,12 @@ def print_report(options: Options, figures: Figures) -> None:
         f"checked: 0 left in PostgreSQL, {options.messages} rows in {figures.parquet_files} "
         f"Parquet files ({figures.parquet_bytes / 1e6:.1f} MB)"
     )
-    print_figures(summary(options, figures))
+    harness.print_figures(summary(options, figures))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
 
 
 if __name__ == "__main__":

@@ -16,16 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench._harness import (
-    BenchError,
-    log,
-    parser,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-)
+from bench import _harness as harness
 from bench._loaders import spread_states
 
 QUEUES = [f"BENCH.Q{n}" for n in range(10)]
@@ -37,8 +28,8 @@ STATES = [("DLVD", 60), ("TBDL", 20), ("NDLV", 10), ("FAIL", 5), ("DLNG", 5)]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    options = parser(__doc__, messages=1_000_000)
-    options.add_argument("--repeat", type=positive_int, default=20)
+    options = harness.parser(__doc__, messages=1_000_000)
+    options.add_argument("--repeat", type=harness.positive_int, default=20)
     return options.parse_args(argv)
 
 
@@ -68,9 +59,9 @@ def seed(total: int) -> None:
                     put_user="bench",
                     put_application="bench",
                 )
-        log(f"seeded {per_queue} messages into {name}")
+        harness.log(f"seeded {per_queue} messages into {name}")
     spread_states(STATES)
-    log("spread the states")
+    harness.log("spread the states")
 
 
 def timings(run: Callable[[], Any], repeat: int) -> dict[str, float]:
@@ -79,7 +70,7 @@ def timings(run: Callable[[], Any], repeat: int) -> dict[str, float]:
     for _ in range(repeat):
         started = time.perf_counter()
         run()
-        samples.append(since(started) * 1000)
+        samples.append(harness.since(started) * 1000)
     samples.sort()
     return {
         "p50_ms": round(statistics.median(samples), 1),
@@ -104,7 +95,7 @@ def page(client: Any, path: str) -> Callable[[], Any]:
     def run() -> Any:
         response = client.get(path)
         if response.status_code != 200:
-            raise BenchError(f"{path} answered {response.status_code}")
+            raise harness.BenchError(f"{path} answered {response.status_code}")
         return response
 
     return run
@@ -167,7 +158,7 @@ def measure(repeat: int) -> dict[str, dict[str, Any]]:
     results = {}
     for name, (ours, naive) in pages.items():
         results[name] = {"console": timings(ours, repeat), "naive": timings(naive, repeat)}
-        log(f"{name}: {results[name]}")
+        harness.log(f"{name}: {results[name]}")
     return results
 
 
@@ -202,12 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
 
     def measure_all(bench_url: str) -> None:
-        setup_django(bench_url)
+        harness.setup_django(bench_url)
         seed(options.messages)
         results = measure(options.repeat)
-        print_figures(report(options.messages, results))
+        harness.print_figures(report(options.messages, results))
 
-    return run_bench(measure_all)
+    return harness.run_bench(measure_all)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from bench import _harness as harness
 from bench._celery import (
     CHECK_TASKS_SECONDS,
     WORKER_ENV,
@@ -41,24 +42,6 @@ from bench._celery import (
     publish_messages,
     run_celery,
     verify_delivered,
-)
-from bench._harness import (
-    BenchError,
-    at_least,
-    batch_list,
-    checkpoint,
-    log,
-    make_payload,
-    parser,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-    table,
-    title,
-    verdict,
-    wait_for,
 )
 from bench._loaders import PUT_APPLICATION, PUT_USER
 
@@ -203,11 +186,15 @@ class IsolationResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = parser(__doc__, messages=100_000, messages_help="per path", size=True)
-    options.add_argument("--batches", type=batch_list, default=(1, 10, 100), help="e.g. 1,10,100")
-    options.add_argument("--concurrency", type=positive_int, default=2, help="delivery processes")
+    options = harness.parser(__doc__, messages=100_000, messages_help="per path", size=True)
     options.add_argument(
-        "--batch1-messages", type=positive_int, help="messages at batch size 1 (default N)"
+        "--batches", type=harness.batch_list, default=(1, 10, 100), help="e.g. 1,10,100"
+    )
+    options.add_argument(
+        "--concurrency", type=harness.positive_int, default=2, help="delivery processes"
+    )
+    options.add_argument(
+        "--batch1-messages", type=harness.positive_int, help="messages at batch size 1 (default N)"
     )
     options.add_argument(
         "--isolation",
@@ -237,8 +224,8 @@ def run_bare(bench: Bench, queue: Queue) -> float:
         started = time.perf_counter()
         while batch := claim_and_ack(conn, claim):
             delivered += batch
-        seconds = since(started)
-    log(f"bare: {delivered} messages in {seconds:.2f}s")
+        seconds = harness.since(started)
+    harness.log(f"bare: {delivered} messages in {seconds:.2f}s")
     return seconds
 
 
@@ -251,9 +238,9 @@ def run_batch(bench: Bench, batch: int, count: int) -> BatchResult:
     bare_queue = make_queue(
         f"BENCH.DELIVER.BARE.{batch}", consumer="", batch_size=batch, size=bench.size
     )
-    log(f"batch {batch}: publishing {count} messages to {bare_queue.name}")
+    harness.log(f"batch {batch}: publishing {count} messages to {bare_queue.name}")
     publish_messages(bare_queue, message, count)
-    checkpoint()
+    harness.checkpoint()
     bare_seconds = run_bare(bench, bare_queue)
     verify_delivered(bare_queue, count, f"bare {batch}")
 
@@ -266,10 +253,10 @@ def run_batch(bench: Bench, batch: int, count: int) -> BatchResult:
         size=bench.size,
         paused=True,
     )
-    log(f"batch {batch}: publishing {count} messages to {queue.name}")
+    harness.log(f"batch {batch}: publishing {count} messages to {queue.name}")
     publish_messages(queue, message, count)
     flush_redis(bench.redis)
-    checkpoint()
+    harness.checkpoint()
     celery_seconds, wake = run_celery(bench, queue, count)
     verify_delivered(queue, count, f"celery {batch}")
     return BatchResult(batch, count, bare_seconds, celery_seconds, wake)
@@ -292,7 +279,7 @@ def lease_pid(owner: str, workers: Workers) -> int:
     be one of our pool's children (never kill anything else)."""
     host, pid, _ = owner.rsplit(":", 2)
     if host != socket.gethostname() or int(pid) not in workers.delivery_processes():
-        raise BenchError(f"kill: lease owner {owner} is not one of our delivery processes")
+        raise harness.BenchError(f"kill: lease owner {owner} is not one of our delivery processes")
     return int(pid)
 
 
@@ -307,11 +294,13 @@ def kill_and_watch(conn: psycopg.Connection[Any], queue: Queue, pid: int, ids: l
     killed = time.perf_counter()
     os.kill(pid, signal.SIGKILL)
     queue_update(queue=queue, paused=True)
-    wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
-    seconds = since(killed)
+    harness.wait_for(crashed, timeout=KILL_TIMEOUT_SECONDS, interval=KILL_POLL_SECONDS, what="TBDL")
+    seconds = harness.since(killed)
     died = conn.execute(DIED_SQL, [ids]).fetchone()
     if died != (len(ids),):
-        raise BenchError(f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes")
+        raise harness.BenchError(
+            f"kill: {died} of {len(ids)} messages were swept as dead-worker crashes"
+        )
     return seconds
 
 
@@ -326,7 +315,7 @@ def kill_once(bench: Bench, workers: Workers, index: int, sweep_interval: float)
     message = new_message(b"bench kill-to-TBDL", {"sleep-seconds": KILL_SLEEP_SECONDS})
     publish_messages(queue, message, KILL_BATCH)
     with psycopg.connect(bench.bench_url, autocommit=True) as conn:
-        owner, ids = wait_for(
+        owner, ids = harness.wait_for(
             lambda: leased_batch(conn, queue.id),
             timeout=KILL_TIMEOUT_SECONDS,
             interval=KILL_POLL_SECONDS,
@@ -335,7 +324,7 @@ def kill_once(bench: Bench, workers: Workers, index: int, sweep_interval: float)
         pid = lease_pid(owner, workers)
         time.sleep(random.uniform(0, sweep_interval))
         seconds = kill_and_watch(conn, queue, pid, ids)
-    log(f"kill {index}: {len(ids)} messages of pid {pid} back in TBDL after {seconds:.3f}s")
+    harness.log(f"kill {index}: {len(ids)} messages of pid {pid} back in TBDL after {seconds:.3f}s")
     return seconds
 
 
@@ -405,7 +394,7 @@ def wait_isolated(
             or sum(innocent.values()) != innocent_count
             or sum(poison.values()) != len(poisons)
         ):
-            raise BenchError(
+            raise harness.BenchError(
                 f"isolation {case.key}: {innocent_count} innocent messages are {innocent}, "
                 f"{len(poisons)} poison {poison}; innocents must end DLVD, poison NDLV"
             )
@@ -416,7 +405,7 @@ def wait_isolated(
         if (innocent, poison) != seen:
             seen, moved = (innocent, poison), now
         elif now - moved > ISOLATION_STALL_SECONDS:
-            raise BenchError(
+            raise harness.BenchError(
                 f"isolation {case.key}: no message changed state for "
                 f"{ISOLATION_STALL_SECONDS:.0f}s: innocent {innocent}, poison {poison}"
             )
@@ -433,10 +422,12 @@ def batch_crash_time(
     the demo consumer recorded it just before exiting."""
     delivered = [record for record in records if record["id"] in poisons]
     if not delivered:
-        raise BenchError(f"isolation {case.key}: the demo consumer never recorded the poison")
+        raise harness.BenchError(
+            f"isolation {case.key}: the demo consumer never recorded the poison"
+        )
     first = min(delivered, key=lambda record: record["time"])
     if first["isolated"]:
-        raise BenchError(
+        raise harness.BenchError(
             f"isolation {case.key}: the poison was first delivered alone, not in a batch: "
             f"there was no batch crash to time ({first})"
         )
@@ -450,7 +441,7 @@ def isolate_once(
     its crash to the last innocent DLVD. The database's now() and the
     workers' time.time() read the same clock: all run on this machine."""
     queue, poisons, innocents = publish_case(case)
-    log(
+    harness.log(
         f"isolation {case.key}: published {case.batch} messages to {queue.name}, "
         f"poison at {case.poison_positions()}"
     )
@@ -466,7 +457,7 @@ def isolate_once(
         innocents=len(innocents),
         isolating_processes=len(isolating),
     )
-    log(
+    harness.log(
         f"isolation {case.key}: batch crash to last of {len(innocents)} innocents DLVD "
         f"{result.seconds:.3f}s, to poison NDLV {result.poison_seconds:.3f}s; suspects "
         f"delivered by {len(isolating)} processes"
@@ -500,7 +491,7 @@ class Figures:
 
 
 def run_all(options: Options, bench_url: str) -> Figures:
-    setup_django(bench_url)
+    harness.setup_django(bench_url)
     with (
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
         private_redis(Path(directory)) as redis_server,
@@ -508,7 +499,7 @@ def run_all(options: Options, bench_url: str) -> Figures:
         bench = Bench(
             bench_url,
             redis_server,
-            make_payload(options.size),
+            harness.make_payload(options.size),
             concurrency=options.concurrency,
             size=options.size,
         )
@@ -523,7 +514,7 @@ def run_all(options: Options, bench_url: str) -> Figures:
 def ratio_verdict(result: BatchResult) -> str:
     if result.batch != TARGET_RATIO_BATCH:
         return "-"
-    return at_least(result.ratio, TARGETS["ratio_at_100"])
+    return harness.at_least(result.ratio, TARGETS["ratio_at_100"])
 
 
 def isolation_summary(isolation: list[IsolationResult]) -> dict[str, Any]:
@@ -594,7 +585,7 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
 
 def print_table(options: Options, results: list[BatchResult]) -> None:
     scaled = 1 in options.batches and options.batch1_messages != options.messages
-    title(
+    harness.title(
         f"deliver bench: {options.size}-byte payloads, consumer noop, Celery deliveries worker "
         f"--concurrency {options.concurrency} (DEBUG off), a fresh queue per path and batch size",
         "bare:   the service's CLAIM_SQL then ACK_SQL, two commits per batch, one psycopg conn",
@@ -620,7 +611,7 @@ def print_table(options: Options, results: list[BatchResult]) -> None:
         for r in results
     ]
     header = ["batch", "messages", "bare msg/s", "celery msg/s", "ratio", "target (celery/bare)"]
-    table(header, rows, align=">>>>><")
+    harness.table(header, rows, align=">>>>><")
 
 
 def print_kill(kill: KillResult) -> None:
@@ -634,7 +625,7 @@ def print_kill(kill: KillResult) -> None:
     )
     print(
         f"  median {kill.median:.3f} s, max {kill.max:.3f} s (runs {runs})  "
-        f"target max < {target:g} s {verdict(kill.max < target)}"
+        f"target max < {target:g} s {harness.verdict(kill.max < target)}"
     )
 
 
@@ -642,7 +633,7 @@ def print_isolation(options: Options, isolation: list[IsolationResult]) -> None:
     if not isolation:
         return
     print()
-    title(
+    harness.title(
         f"poison isolation: consumer demo, one batch holding the poison (CRASH), queue "
         f"defaults (crash threshold 2, poison limit 5, suspect delay 1 s), sweep and "
         f"dispatch every {ISOLATION_ENV['LAZARETTO_SWEEP_INTERVAL_SECONDS']} s, "
@@ -655,12 +646,12 @@ def print_isolation(options: Options, isolation: list[IsolationResult]) -> None:
             r.case.poisons,
             f"{r.seconds:.3f} s",
             f"{r.poison_seconds:.3f} s",
-            f"{bound} {verdict(r.within_bound)}",
+            f"{bound} {harness.verdict(r.within_bound)}",
         ]
         for r in isolation
     ]
     header = ["batch", "poisons", "to last innocent DLVD", "to poison NDLV", "bound"]
-    table(header, rows, align=">>>><")
+    harness.table(header, rows, align=">>>><")
 
 
 def print_report(options: Options, figures: Figures, seconds: float) -> None:
@@ -668,7 +659,7 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
     print_kill(figures.kill)
     print_isolation(options, figures.isolation)
     print(f"total {seconds:.0f} s")
-    print_figures(summary(options, figures, seconds))
+    harness.print_figures(summary(options, figures, seconds))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -681,9 +672,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def measure(bench_url: str) -> None:
         figures = run_all(options, bench_url)
-        print_report(options, figures, since(started))
+        print_report(options, figures, harness.since(started))
 
-    return run_bench(measure)
+    return harness.run_bench(measure)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from bench._harness import (
-    BenchError,
-    log,
-    parser,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-)
+from bench import _harness as harness
 from bench._loaders import move_to_dead_letters
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -45,7 +37,7 @@ TABLE = "\n".join(
 
 
 def parse_args(argv: Sequence[str] | None) -> int:
-    return int(parser(__doc__, messages=100_000).parse_args(argv).messages)
+    return int(harness.parser(__doc__, messages=100_000).parse_args(argv).messages)
 
 
 def dead_letter(total: int) -> None:
@@ -80,16 +72,18 @@ def run_handler(total: int) -> tuple[float, dict[str, int]]:
 
     started = time.perf_counter()
     result = dead_letter_scan(queue=Queue.objects.get(name=DLQ))
-    seconds = since(started)
+    seconds = harness.since(started)
     left = Message.objects.filter(queue__name=DLQ).count()
     if result.examined != total or left:
-        raise BenchError(f"handler examined {result.examined} of {total}; {left} left on the queue")
+        raise harness.BenchError(
+            f"handler examined {result.examined} of {total}; {left} left on the queue"
+        )
     outcome = {
         "forwarded": result.forwarded,
         "discarded": result.discarded,
         "retried": result.retried,
     }
-    log(f"handler: {outcome} in {seconds:.2f}s")
+    harness.log(f"handler: {outcome} in {seconds:.2f}s")
     return seconds, outcome
 
 
@@ -114,12 +108,12 @@ def matcher_rate() -> tuple[float, Counter[int]]:
     first_hits: Counter[int] = Counter()
     calls = 0
     started = time.perf_counter()
-    while since(started) < MATCHER_SECONDS:
+    while harness.since(started) < MATCHER_SECONDS:
         for message in messages:
             matches = matching_rules(table, message)
             first_hits[matches[0][0] if matches else 0] += 1
         calls += len(messages)
-    seconds = since(started)
+    seconds = harness.since(started)
     return calls * len(table.rules) / seconds, first_hits
 
 
@@ -127,15 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = parse_args(argv)
 
     def measure(bench_url: str) -> None:
-        setup_django(bench_url)
-        log(f"dead-lettering {total} messages")
+        harness.setup_django(bench_url)
+        harness.log(f"dead-lettering {total} messages")
         dead_letter(total)
         activate_table()
         seconds, outcome = run_handler(total)
         checks_per_second, first_hits = matcher_rate()
         report(total, seconds, outcome, checks_per_second, first_hits)
 
-    return run_bench(measure)
+    return harness.run_bench(measure)
 
 
 def report(
@@ -158,7 +152,7 @@ def report(
     print(f"dlq bench: {total} dead-lettered messages, one scan under a 20-rule table")
     print(f"handler   {seconds:>8.2f} s   {total / seconds:>10.0f} messages/s   {outcome}")
     print(f"matcher   {checks_per_second:>10.0f} rule checks/s (matching_rules, 20 rules)")
-    print_figures(figures)
+    harness.print_figures(figures)
 
 
 if __name__ == "__main__":

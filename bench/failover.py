@@ -32,21 +32,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from bench import _harness as harness
-from bench._harness import (
-    ROOT,
-    BenchError,
-    log,
-    positive_float,
-    positive_int,
-    print_figures,
-    read_durability,
-    record_environment,
-    since,
-    table,
-    title,
-    verdict,
-    wait_for,
-)
 
 if TYPE_CHECKING:
     from rig.ha import NodeProcess, Pair, WebServer
@@ -131,16 +116,16 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     from rig.ha import INTERVAL, TIMEOUT
 
     parser = harness.parser(__doc__)
-    parser.add_argument("--runs", type=positive_int, default=RUNS, help="failovers")
+    parser.add_argument("--runs", type=harness.positive_int, default=RUNS, help="failovers")
     parser.add_argument(
         "--timeout",
-        type=positive_float,
+        type=harness.positive_float,
         default=TIMEOUT,
         help=f"HA_HEARTBEAT_TIMEOUT of the nodes (default: rig.ha's, {TIMEOUT:g} s)",
     )
     parser.add_argument(
         "--interval",
-        type=positive_float,
+        type=harness.positive_float,
         default=INTERVAL,
         help=f"HA_HEARTBEAT_INTERVAL of the nodes (default: rig.ha's, {INTERVAL:g} s)",
     )
@@ -208,7 +193,7 @@ class Publisher(threading.Thread):
 
     def snapshot(self) -> list[Answer]:
         if self.error is not None:
-            raise BenchError(f"the publishing client failed: {self.error!r}")
+            raise harness.BenchError(f"the publishing client failed: {self.error!r}")
         return list(self.answers)
 
     def acked(self) -> list[Answer]:
@@ -264,22 +249,22 @@ def wait_synchronous(pair: Pair, roles: Roles, timeout: float) -> None:
             {roles.primary.name: "primary", roles.standby.name: "standby"}, timeout=timeout
         )
     except AssertionError as error:
-        raise BenchError(str(error)) from None
+        raise harness.BenchError(str(error)) from None
     try:
-        wait_for(
+        harness.wait_for(
             lambda: (roles.primary.status() or {}).get("mode") == "synchronous",
             timeout=SYNCHRONOUS_TIMEOUT_SECONDS,
             interval=POLL_SECONDS,
             what=f"{roles.primary.name} to replicate synchronously",
         )
-    except BenchError as error:
-        raise BenchError(f"{error}\n{pair.logs()}") from None
+    except harness.BenchError as error:
+        raise harness.BenchError(f"{error}\n{pair.logs()}") from None
 
 
 def warm_up(publisher: Publisher, interval: float) -> None:
     count = len(publisher.acked())
     started = time.monotonic()
-    wait_for(
+    harness.wait_for(
         lambda: len(publisher.acked()) >= count + WARMUP_ACKS
         and time.monotonic() - started >= WARMUP_SECONDS,
         timeout=RESUME_TIMEOUT_SECONDS,
@@ -300,7 +285,7 @@ def wait_promoted(pair: Pair, standby: NodeProcess, killed: float, options: Opti
         if status is not None and status.get("role") == "primary":
             return max(killed, now - float(status.get("since_seconds") or 0.0))
         if time.monotonic() > deadline:
-            raise BenchError(
+            raise harness.BenchError(
                 f"{standby.name} was not primary {time.monotonic() - deadline:.0f} s past "
                 f"{options.timeout:g} + {FAILOVER_GRACE_SECONDS:g} s after the kill "
                 f"(last status {status})\n{pair.logs()}"
@@ -340,14 +325,14 @@ def wait_first_delivery(
     pair: Pair, publisher: Publisher, workers: Workers, dead: float
 ) -> tuple[dict[str, Any], str]:
     try:
-        wait_for(
+        harness.wait_for(
             lambda: first_delivery(publisher, workers, dead),
             timeout=DELIVERY_TIMEOUT_SECONDS,
             interval=POLL_SECONDS,
             what="a message published after the kill to be delivered",
         )
-    except BenchError as error:
-        raise BenchError(
+    except harness.BenchError as error:
+        raise harness.BenchError(
             f"{error}\n--- deliveries worker\n{workers.log('deliveries')[-LOG_TAIL:]}\n"
             f"--- control worker\n{workers.log('control')[-LOG_TAIL:]}\n{pair.logs()}"
         ) from None
@@ -366,7 +351,7 @@ def wait_dlvd(pair: Pair, node: NodeProcess, message_id: int, payload: str) -> f
     def dlvd() -> float | None:
         rows = node.cluster.query(FIRST_DLVD_SQL, [message_id, payload])
         if not rows:
-            raise BenchError(
+            raise harness.BenchError(
                 f"message {message_id} ({payload}), delivered after the failover, is not in "
                 f"{node.name}'s store"
             )
@@ -375,15 +360,15 @@ def wait_dlvd(pair: Pair, node: NodeProcess, message_id: int, payload: str) -> f
 
     try:
         return float(
-            wait_for(
+            harness.wait_for(
                 dlvd,
                 timeout=DELIVERY_TIMEOUT_SECONDS,
                 interval=POLL_SECONDS,
                 what=f"message {message_id} to be DLVD in {node.name}'s store",
             )
         )
-    except BenchError as error:
-        raise BenchError(f"{error}\n{pair.logs()}") from None
+    except harness.BenchError as error:
+        raise harness.BenchError(f"{error}\n{pair.logs()}") from None
 
 
 def longest_gap(answers: list[Answer], start: float, end: float) -> float:
@@ -413,15 +398,15 @@ def failover_once(
     # Until its PostgreSQL is dead or stopped, the old primary may still
     # commit, and acknowledge, a publish.
     dead = time.time()
-    log(
+    harness.log(
         f"run {index}: {options.fault} of node {primary.name}, its PostgreSQL out "
         f"{dead - killed:.3f} s later"
     )
     promoted = wait_promoted(pair, standby, killed, options)
-    log(f"run {index}: {standby.name} primary after {promoted - killed:.3f} s")
+    harness.log(f"run {index}: {standby.name} primary after {promoted - killed:.3f} s")
     record, payload = wait_first_delivery(pair, publisher, workers, dead)
     delivered = float(record["time"])
-    log(
+    harness.log(
         f"run {index}: first message published after the kill ({payload}, id {record['id']}) "
         f"handed to the consumer after {delivered - killed:.3f} s"
     )
@@ -465,7 +450,7 @@ def wait_resumed(
     killed: float,
     dead: float,
 ) -> Resumption:
-    wait_for(
+    harness.wait_for(
         lambda: sum(
             1 for answer in publisher.snapshot() if answer.status == 201 and answer.sent > dead
         )
@@ -482,9 +467,9 @@ def wait_resumed(
     failed = collections.Counter(str(a.status) for a in failures)
     for status in sorted(failed):
         example = next(a for a in failures if str(a.status) == status)
-        log(f"run {index}: a {status} answer during the failover: {example.detail}")
+        harness.log(f"run {index}: a {status} answer during the failover: {example.detail}")
     gap = longest_gap(answers, killed, resumed)
-    log(
+    harness.log(
         f"run {index}: publish gap {gap:.3f} s, first 201 after {first_ack - killed:.3f} s; "
         f"answers other than 201: {dict(failed) or 'none'}"
     )
@@ -513,7 +498,7 @@ def end_and_rejoin(
     wait_synchronous(pair, roles, REJOIN_TIMEOUT_SECONDS)
     rejoined = time.time()
     rejoin_gap = longest_gap(publisher.snapshot(), rejoin_started, rejoined)
-    log(
+    harness.log(
         f"run {index}: {primary.name} back as synchronous standby after "
         f"{rejoined - rejoin_started:.1f} s (longest publish gap meanwhile {rejoin_gap:.3f} s)"
     )
@@ -619,10 +604,10 @@ def clusters_durability(
 ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """Each cluster's durability settings (both must be durable), and the
     primary's replication settings."""
-    durability = {node.name: read_durability(node.cluster.url) for node in pair.nodes}
+    durability = {node.name: harness.read_durability(node.cluster.url) for node in pair.nodes}
     weak = {name: found for name, found in durability.items() if found["profile"] != "durable"}
     if weak:
-        raise BenchError(f"the clusters are not durable: {weak}")
+        raise harness.BenchError(f"the clusters are not durable: {weak}")
     [(names,)] = primary.cluster.query("SHOW synchronous_standby_names")
     return durability, {
         "mode": str((primary.status() or {}).get("mode")),
@@ -636,7 +621,7 @@ def make_queue(pair: Pair) -> None:
     publishes, does not: its API would refuse the consumer's name)."""
     made = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", MAKE_QUEUE],
-        cwd=ROOT,
+        cwd=harness.ROOT,
         env={**pair.app_env(), "LAZARETTO_CONSUMER_MODULES": "demo_consumers"},
         capture_output=True,
         text=True,
@@ -644,7 +629,7 @@ def make_queue(pair: Pair) -> None:
         timeout=120,
     )
     if made.returncode != 0:
-        raise BenchError(f"creating {QUEUE}: {made.stderr[-LOG_TAIL:]}")
+        raise harness.BenchError(f"creating {QUEUE}: {made.stderr[-LOG_TAIL:]}")
 
 
 MAKE_QUEUE = f"""
@@ -667,7 +652,7 @@ def running_pair(directory: Path, options: Options) -> Iterator[tuple[Pair, Role
         if options.fault == "isolated":
             why = netns.available()
             if why:
-                raise BenchError(f"--fault isolated needs network namespaces: {why}")
+                raise harness.BenchError(f"--fault isolated needs network namespaces: {why}")
             network = stack.enter_context(netns.network("A", "B"))
         redis = RedisServer(directory, host=network.host_address if network else "127.0.0.1")
         stack.callback(redis.stop)
@@ -730,7 +715,7 @@ def run_all(options: Options) -> Figures:
         clients(pair, Path(tmp)) as (web, workers, publisher),
     ):
         durability, replication = clusters_durability(pair, roles.primary)
-        record_environment(durability[roles.primary.name])
+        harness.record_environment(durability[roles.primary.name])
         profiles = ", ".join(f"{name} {found['profile']}" for name, found in durability.items())
         print(
             f"replication: {replication['mode']} "
@@ -739,7 +724,7 @@ def run_all(options: Options) -> Figures:
             flush=True,
         )
         setup = time.monotonic() - started
-        log(f"pair, web and workers up in {setup:.1f} s")
+        harness.log(f"pair, web and workers up in {setup:.1f} s")
         results = []
         for index in range(1, options.runs + 1):
             results.append(failover_once(index, pair, roles, publisher, workers, options))
@@ -843,7 +828,7 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
 
 def print_report(options: Options, figures: Figures, seconds: float) -> None:
     runs, loss = figures.runs, figures.loss
-    title(
+    harness.title(
         f"failover bench: {options.runs} run{'s' if options.runs > 1 else ''}, "
         f"heartbeat every {options.interval:g} s, "
         f"timeout {options.timeout:g} s (HA_HEARTBEAT_INTERVAL / HA_HEARTBEAT_TIMEOUT); "
@@ -855,7 +840,7 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
         values = [getattr(run, attr) for run in runs]
         spread = (min(values), statistics.median(values), max(values))
         rows.append([key, *(f"{value:.3f}" for value in spread), what])
-    table(["figure", "min", "median", "max", "what"], rows, align="<>>><")
+    harness.table(["figure", "min", "median", "max", "what"], rows, align="<>>><")
     print()
     for run in runs:
         print(
@@ -869,11 +854,11 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
     print(
         f"failover max {failover_max:.3f} s  target <= {options.target:g} s "
         f"(heartbeat timeout {options.timeout:g} s + {TARGET_MARGIN_SECONDS:g} s) "
-        f"{verdict(failover_max <= options.target)}"
+        f"{harness.verdict(failover_max <= options.target)}"
     )
     print_loss(loss, figures)
     print(f"total {seconds:.0f} s (set-up {figures.setup_seconds:.0f} s)")
-    print_figures(summary(options, figures, seconds))
+    harness.print_figures(summary(options, figures, seconds))
 
 
 def print_loss(loss: Loss, figures: Figures) -> None:
@@ -911,13 +896,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     try:
         figures = run_all(options)
-    except (BenchError, AssertionError) as error:
-        log(f"bench failed: {error}")
+    except (harness.BenchError, AssertionError) as error:
+        harness.log(f"bench failed: {error}")
         return 1
     except KeyboardInterrupt:
-        log("interrupted: every process stopped")
+        harness.log("interrupted: every process stopped")
         return 130
-    print_report(options, figures, since(started))
+    print_report(options, figures, harness.since(started))
     return 1 if figures.loss.lost else 0
 
 

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 from psycopg import sql
 
+from bench import _harness as harness
 from bench._celery import (
     Bench,
     celery_processes,
@@ -42,26 +43,6 @@ from bench._celery import (
     publish_messages,
     verify_delivered,
 )
-from bench._harness import (
-    BENCH_DB,
-    PRODUCTION_ENV,
-    ROOT,
-    BenchError,
-    batch_list,
-    close_django,
-    database_urls,
-    drop_database,
-    keep_run,
-    log,
-    make_payload,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-    table,
-)
-from bench._harness import parser as harness_parser
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
 from bench._venv import VenvError, venv_python
 
@@ -80,8 +61,8 @@ DEFAULT_BATCH1_MESSAGES = 20_000
 DEFAULT_PROCRASTINATE_MESSAGES = 10_000
 DEFAULT_CELERY_REDIS_MESSAGES = 20_000
 
-PEERS_VENV = ROOT / "var" / "peers-venv"
-REQUIREMENTS = ROOT / "bench" / "peers-requirements.txt"
+PEERS_VENV = harness.ROOT / "var" / "peers-venv"
+REQUIREMENTS = harness.ROOT / "bench" / "peers-requirements.txt"
 
 PGBENCH_SCALE = 5
 PGBENCH_CLIENTS = 2
@@ -269,8 +250,10 @@ def system_list(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = harness_parser(__doc__, messages=100_000, messages_help="per run (default 100000)")
-    parser.add_argument("--batches", type=batch_list, default=(100, 10, 1), help="default 100,10,1")
+    parser = harness.parser(__doc__, messages=100_000, messages_help="per run (default 100000)")
+    parser.add_argument(
+        "--batches", type=harness.batch_list, default=(100, 10, 1), help="default 100,10,1"
+    )
     parser.add_argument(
         "--systems",
         type=system_list,
@@ -279,17 +262,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     )
     parser.add_argument(
         "--batch1-messages",
-        type=positive_int,
+        type=harness.positive_int,
         help=f"messages at batch 1 (default {DEFAULT_BATCH1_MESSAGES} or N if fewer)",
     )
     parser.add_argument(
         "--procrastinate-messages",
-        type=positive_int,
+        type=harness.positive_int,
         help=f"default {DEFAULT_PROCRASTINATE_MESSAGES} or N if fewer",
     )
     parser.add_argument(
         "--celery-redis-messages",
-        type=positive_int,
+        type=harness.positive_int,
         help=f"default {DEFAULT_CELERY_REDIS_MESSAGES} or N if fewer",
     )
     args = parser.parse_args(argv)
@@ -313,7 +296,7 @@ def peers_python() -> Path:
     try:
         return venv_python(PEERS_VENV, REQUIREMENTS)
     except VenvError as error:
-        raise BenchError(str(error)) from None
+        raise harness.BenchError(str(error)) from None
 
 
 # --- pgbench: the machine's yardstick -------------------------------------------------
@@ -339,7 +322,9 @@ def pg_bindir() -> Path:
     for directory in candidates:
         if (directory / "pgbench").is_file() and (directory / "pg_ctl").is_file():
             return directory
-    raise BenchError("pgbench not found beside pg_ctl (scripts/services.sh installs PostgreSQL)")
+    raise harness.BenchError(
+        "pgbench not found beside pg_ctl (scripts/services.sh installs PostgreSQL)"
+    )
 
 
 def libpq_env(url: str, database: str) -> dict[str, str]:
@@ -360,8 +345,8 @@ def libpq_env(url: str, database: str) -> dict[str, str]:
 def run_pgbench(bench_url: str) -> float:
     """``pgbench -N`` TPS on its own scratch database, dropped afterwards."""
     bindir = pg_bindir()
-    database = f"{BENCH_DB}_pgbench"
-    _, maintenance_url = database_urls(bench_url)
+    database = f"{harness.BENCH_DB}_pgbench"
+    _, maintenance_url = harness.database_urls(bench_url)
     with psycopg.connect(maintenance_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
@@ -369,7 +354,7 @@ def run_pgbench(bench_url: str) -> float:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
     env = libpq_env(bench_url, database)
     try:
-        log(f"pgbench: initialising scale {PGBENCH_SCALE} in {database}")
+        harness.log(f"pgbench: initialising scale {PGBENCH_SCALE} in {database}")
         init = subprocess.run(
             [str(bindir / "pgbench"), "-i", "-q", "-s", str(PGBENCH_SCALE)],
             env=env,
@@ -378,14 +363,16 @@ def run_pgbench(bench_url: str) -> float:
             check=False,
         )
         if init.returncode:
-            raise BenchError(f"pgbench -i failed:\n{init.stderr[-2000:]}")
+            raise harness.BenchError(f"pgbench -i failed:\n{init.stderr[-2000:]}")
         command = [str(bindir / "pgbench"), "-N", "-c", str(PGBENCH_CLIENTS)]
         command += ["-j", str(PGBENCH_CLIENTS), "-T", str(PGBENCH_SECONDS)]
-        log(f"pgbench: {' '.join(command[1:])}")
+        harness.log(f"pgbench: {' '.join(command[1:])}")
         run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         found = PGBENCH_TPS.search(run.stdout)
         if run.returncode or not found:
-            raise BenchError(f"pgbench -N failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+            raise harness.BenchError(
+                f"pgbench -N failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
+            )
         return float(found.group(1))
     finally:
         with psycopg.connect(maintenance_url, autocommit=True) as conn:
@@ -415,46 +402,46 @@ class Context:
 
 def fresh_database(ctx: Context, *, template: str | None = None) -> None:
     """Make the bench database anew: empty, or a copy of ``template``."""
-    close_django()
-    drop_database(ctx.maintenance_url, BENCH_DB)
+    harness.close_django()
+    harness.drop_database(ctx.maintenance_url, harness.BENCH_DB)
     copy = sql.SQL(" TEMPLATE {}").format(sql.Identifier(template)) if template else sql.SQL("")
     with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(BENCH_DB), copy))
+        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(harness.BENCH_DB), copy))
 
 
 def make_template(ctx: Context) -> str:
     """Migrate the bench database once and keep it as the template of the
     Lazaretto and bare runs' databases."""
-    setup_django(ctx.bench_url)
-    close_django()
-    template = f"{BENCH_DB}_template"
-    drop_database(ctx.maintenance_url, template)
+    harness.setup_django(ctx.bench_url)
+    harness.close_django()
+    template = f"{harness.BENCH_DB}_template"
+    harness.drop_database(ctx.maintenance_url, template)
     with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(template), sql.Identifier(BENCH_DB)
+                sql.Identifier(template), sql.Identifier(harness.BENCH_DB)
             )
         )
     return template
 
 
-def settle(ctx: Context, what: str, table: str) -> None:
+def settle(ctx: Context, what: str, relation: str) -> None:
     """After the preload, before the clock: VACUUM ANALYZE, then a CHECKPOINT
-    so that no run pays for flushing its own preload. Fails when ``table``,
+    so that no run pays for flushing its own preload. Fails when ``relation``,
     where the system keeps its messages, is unlogged: every system must write
     them as durably as the others."""
-    close_django()
+    harness.close_django()
     with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
         started = time.perf_counter()
         conn.execute("VACUUM ANALYZE")
         try:
             conn.execute("CHECKPOINT")
         except psycopg.Error as error:
-            log(f"CHECKPOINT skipped: {error}")
-        unlogged = [row[0] for row in conn.execute(UNLOGGED_SQL, {"table": table}).fetchall()]
+            harness.log(f"CHECKPOINT skipped: {error}")
+        unlogged = [row[0] for row in conn.execute(UNLOGGED_SQL, {"table": relation}).fetchall()]
     if unlogged:
-        raise BenchError(f"{what}: {unlogged} unlogged: not the durability of the others")
-    log(f"{what}: VACUUM ANALYZE and CHECKPOINT in {since(started):.1f}s")
+        raise harness.BenchError(f"{what}: {unlogged} unlogged: not the durability of the others")
+    harness.log(f"{what}: VACUUM ANALYZE and CHECKPOINT in {harness.since(started):.1f}s")
 
 
 def writes(conn: psycopg.Connection[Any]) -> int:
@@ -564,7 +551,7 @@ class Worker:
     def report(self) -> dict[str, Any]:
         lines = [line for line in self.stdout().splitlines() if line.startswith(REPORT)]
         if not lines:
-            raise BenchError(f"{self.out.stem}: no report\n{self.tail()}")
+            raise harness.BenchError(f"{self.out.stem}: no report\n{self.tail()}")
         report: dict[str, Any] = json.loads(lines[-1][len(REPORT) :])
         return report
 
@@ -592,7 +579,7 @@ def worker_processes(
             with out.open("wb") as out_file, err.open("wb") as err_file:
                 process = subprocess.Popen(
                     command,
-                    cwd=ROOT,
+                    cwd=harness.ROOT,
                     env=env or dict(os.environ),
                     stdin=subprocess.PIPE,
                     stdout=out_file,
@@ -611,12 +598,14 @@ def wait_ready(name: str, workers: list[Worker]) -> None:
     for worker in workers:
         while READY not in worker.stdout().splitlines():
             if worker.process.poll() is not None:
-                raise BenchError(
+                raise harness.BenchError(
                     f"{name}: a worker exited with {worker.process.returncode} before it was "
                     f"ready\n{worker.tail()}"
                 )
             if time.monotonic() > deadline:
-                raise BenchError(f"{name}: workers not ready after {READY_TIMEOUT_SECONDS:.0f}s")
+                raise harness.BenchError(
+                    f"{name}: workers not ready after {READY_TIMEOUT_SECONDS:.0f}s"
+                )
             time.sleep(WAIT_POLL_SECONDS)
 
 
@@ -636,7 +625,7 @@ def wait_done(ctx: Context, name: str, workers: list[Worker]) -> list[dict[str, 
         while any(worker.process.poll() is None for worker in workers):
             for worker in workers:
                 if worker.process.returncode:
-                    raise BenchError(
+                    raise harness.BenchError(
                         f"{name}: a worker exited with {worker.process.returncode}\n{worker.tail()}"
                     )
             now = time.monotonic()
@@ -646,14 +635,14 @@ def wait_done(ctx: Context, name: str, workers: list[Worker]) -> list[dict[str, 
                 if count != seen:
                     seen, moved = count, now
                 elif now - moved > STALL_TIMEOUT_SECONDS:
-                    raise BenchError(
+                    raise harness.BenchError(
                         f"{name}: no write in the database for {STALL_TIMEOUT_SECONDS:.0f}s\n"
                         + "\n".join(worker.tail() for worker in workers)
                     )
             time.sleep(WAIT_POLL_SECONDS)
     for worker in workers:
         if worker.process.returncode:
-            raise BenchError(
+            raise harness.BenchError(
                 f"{name}: a worker exited with {worker.process.returncode}\n{worker.tail()}"
             )
     return [worker.report() for worker in workers]
@@ -690,7 +679,7 @@ def drain_with_workers(
     first = [report["first_fetch"] for report in reports if report["first_fetch"] is not None]
     last = [report["last_ack"] for report in reports if report["last_ack"] is not None]
     if not first or not last:
-        raise BenchError(f"{name}: no worker acknowledged anything: {reports}")
+        raise harness.BenchError(f"{name}: no worker acknowledged anything: {reports}")
     fetches: Counter[int] = Counter()
     for report in reports:
         fetches.update({int(size): count for size, count in report["fetches"].items()})
@@ -711,13 +700,15 @@ def check_batches(
     fetched = sum(size * count for size, count in fetches.items())
     where = system if batch is None else f"{system} batch {batch}"
     if fetched != messages:
-        raise BenchError(f"{where}: the fetches returned {fetched} messages, not {messages}")
+        raise harness.BenchError(
+            f"{where}: the fetches returned {fetched} messages, not {messages}"
+        )
     if check.largest != full or check.partial > PARTIAL_FETCHES_ALLOWED:
-        raise BenchError(
+        raise harness.BenchError(
             f"{where}: the batch setting did not take effect: expected fetches of {full}, "
             f"got (size: fetches) {check.fetches}"
         )
-    log(f"{where}: batch check: fetches by size {check.fetches}")
+    harness.log(f"{where}: batch check: fetches by size {check.fetches}")
     return check
 
 
@@ -743,7 +734,7 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
     queue = make_queue(
         f"BENCH.PEERS.LAZARETTO.{batch}", consumer="noop", batch_size=batch, size=SIZE, paused=True
     )
-    log(f"lazaretto {batch}: publishing {count} messages to {queue.name}")
+    harness.log(f"lazaretto {batch}: publishing {count} messages to {queue.name}")
     publish_messages(queue, new_message(ctx.payload), count)
     flush_redis(ctx.redis)
     settle(ctx, f"lazaretto {batch}", MESSAGE_TABLES["lazaretto"])
@@ -757,7 +748,7 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
         peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
     verify_delivered(queue, count, f"lazaretto {batch}")
     shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
-    log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
+    harness.log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
     return Measured(seconds, sum(peaks.values()), database=database)
 
 
@@ -767,16 +758,16 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
     fresh_database(ctx, template=ctx.template)
     # consumer "": no worker or dispatcher ever touches it.
     queue = make_queue(f"BENCH.PEERS.BARE.{batch}", consumer="", batch_size=batch, size=SIZE)
-    log(f"bare {batch}: publishing {count} messages to {queue.name}")
+    harness.log(f"bare {batch}: publishing {count} messages to {queue.name}")
     publish_messages(queue, new_message(ctx.payload), count)
     settle(ctx, f"bare {batch}", MESSAGE_TABLES["bare"])
     command = [sys.executable, "-m", "bench._peer_bare", "--url", ctx.bench_url]
     command += ["--queue-id", str(queue.id), "--batch", str(batch)]
     command += ["--lease-seconds", str(queue.lease_seconds)]
-    env = {**os.environ, **PRODUCTION_ENV}
+    env = {**os.environ, **harness.PRODUCTION_ENV}
     drained = drain_with_workers(ctx, f"bare-{batch}", command, env)
     if drained.acked != count:
-        raise BenchError(
+        raise harness.BenchError(
             f"bare {batch}: the workers acknowledged {drained.acked} of {count} messages"
         )
     verify_delivered(queue, count, f"bare {batch}")
@@ -790,12 +781,12 @@ def prepare_peer(ctx: Context, module: str, count: int) -> None:
     command = [str(ctx.peers_python), "-m", module, "prepare", "--url", ctx.bench_url]
     command += ["--messages", str(count), "--size", str(SIZE)]
     started = time.perf_counter()
-    answer = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    answer = subprocess.run(command, cwd=harness.ROOT, capture_output=True, text=True, check=False)
     if answer.returncode:
-        raise BenchError(
+        raise harness.BenchError(
             f"{module} prepare exited with {answer.returncode}:\n{answer.stderr[-3000:]}"
         )
-    log(f"{module}: schema and {count} messages in {since(started):.1f}s")
+    harness.log(f"{module}: schema and {count} messages in {harness.since(started):.1f}s")
 
 
 def run_peer(
@@ -815,11 +806,11 @@ def run_peer(
     drained = drain_with_workers(ctx, where.replace(" ", "-"), command)
     remaining = scalar(ctx, remaining_sql)
     if drained.acked != count or remaining != 0:
-        raise BenchError(
+        raise harness.BenchError(
             f"{where}: {drained.acked} of {count} messages acknowledged, "
             f"{remaining} left in the queue"
         )
-    log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left")
+    harness.log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left")
     return drained
 
 
@@ -861,9 +852,9 @@ def wait_celery_ready(app: Any, node: str, worker: Worker) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while not app.control.ping(destination=[node], timeout=0.5):
         if worker.process.poll() is not None:
-            raise BenchError(f"celery-redis: the worker exited\n{worker.tail()}")
+            raise harness.BenchError(f"celery-redis: the worker exited\n{worker.tail()}")
         if time.monotonic() > deadline:
-            raise BenchError(f"celery-redis: no answer to ping\n{worker.tail()}")
+            raise harness.BenchError(f"celery-redis: no answer to ping\n{worker.tail()}")
 
 
 def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -886,8 +877,10 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
         for _ in range(count):
             app.send_task(TASK, args=[payload], queue=QUEUE, producer=producer)
     if redis_queued(client, QUEUE) != count:
-        raise BenchError(f"celery-redis: sent {count} tasks, {redis_queued(client, QUEUE)} queued")
-    log(f"celery-redis: {count} tasks sent in {since(started):.1f}s")
+        raise harness.BenchError(
+            f"celery-redis: sent {count} tasks, {redis_queued(client, QUEUE)} queued"
+        )
+    harness.log(f"celery-redis: {count} tasks sent in {harness.since(started):.1f}s")
     node = NODE.replace("%h", socket.gethostname())
     command = [sys.executable, "-m", "celery", "-A", "bench._peer_celery", "worker"]
     command += ["-Q", IDLE_QUEUE, "-c", str(WORKERS), "-n", NODE, "-l", "warning"]
@@ -898,7 +891,7 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
         with out.open("wb") as out_file, err.open("wb") as err_file:
             process = subprocess.Popen(
                 command,
-                cwd=ROOT,
+                cwd=harness.ROOT,
                 env=env,
                 stdout=out_file,
                 stderr=err_file,
@@ -917,8 +910,8 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
         client.close()
     executed = int(stats.get(node, {}).get("total", {}).get(TASK, 0))
     if executed != count:
-        raise BenchError(f"celery-redis: the worker ran {executed} tasks, not {count}")
-    log(f"celery-redis: {count} tasks in {seconds:.2f}s, each run once")
+        raise harness.BenchError(f"celery-redis: the worker ran {executed} tasks, not {count}")
+    harness.log(f"celery-redis: {count} tasks in {seconds:.2f}s, each run once")
     return Measured(seconds, rss)
 
 
@@ -928,7 +921,9 @@ def time_celery_drain(client: Any, count: int, worker: Worker) -> float:
     deadline = time.perf_counter() + WAKE_TIMEOUT_SECONDS
     while redis_queued(client, QUEUE) >= count:
         if time.perf_counter() > deadline:
-            raise BenchError(f"celery-redis: nothing consumed after add_consumer\n{worker.tail()}")
+            raise harness.BenchError(
+                f"celery-redis: nothing consumed after add_consumer\n{worker.tail()}"
+            )
         time.sleep(START_POLL_SECONDS)
     first = time.perf_counter()
     left, moved = count, first
@@ -940,9 +935,11 @@ def time_celery_drain(client: Any, count: int, worker: Worker) -> float:
         if queued + unacked != left:
             left, moved = queued + unacked, now
         elif now - moved > STALL_TIMEOUT_SECONDS:
-            raise BenchError(f"celery-redis: stalled with {queued} queued, {unacked} unacked")
+            raise harness.BenchError(
+                f"celery-redis: stalled with {queued} queued, {unacked} unacked"
+            )
         if worker.process.poll() is not None:
-            raise BenchError(f"celery-redis: the worker exited\n{worker.tail()}")
+            raise harness.BenchError(f"celery-redis: the worker exited\n{worker.tail()}")
         time.sleep(POLL_SECONDS)
 
 
@@ -1098,7 +1095,7 @@ def print_table(options: Options, tps: float, results: Sequence[Result]) -> None
     print()
     header = ["system", "batch", "messages", "seconds", "msgs/s", "x tps", "vs lazaretto"]
     header += ["peak RSS MB", "WAL B/msg", "DB CPU us/msg"]
-    table(header, [result_cells(result, results, tps) for result in results])
+    harness.table(header, [result_cells(result, results, tps) for result in results])
 
 
 def result_cells(result: Result, results: Sequence[Result], tps: float) -> list[str]:
@@ -1153,7 +1150,7 @@ def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
         try:
             server.start()
         except AssertionError as error:
-            raise BenchError(f"redis-server: {error}") from None
+            raise harness.BenchError(f"redis-server: {error}") from None
         yield server
     finally:
         server.stop()
@@ -1165,7 +1162,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
     with ExitStack() as stack:
         if ctx.options.needs_django:
             ctx.template = make_template(ctx)
-            stack.callback(drop_database, ctx.maintenance_url, ctx.template)
+            stack.callback(harness.drop_database, ctx.maintenance_url, ctx.template)
         ctx.redis = stack.enter_context(shared_redis(ctx, ctx.directory / "redis"))
         if ctx.redis is not None and "lazaretto" in ctx.options.systems:
             ctx.deliver = Bench(
@@ -1173,7 +1170,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             )
         for system, batch, count in ctx.options.plan():
             where = system if batch is None else f"{system} batch {batch}"
-            log(f"== {where}: {count} messages")
+            harness.log(f"== {where}: {count} messages")
             measured = RUNNERS[system](ctx, batch, count)
             results.append(
                 Result(
@@ -1182,7 +1179,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             )
             if measured.check is not None:
                 checks.append(measured.check)
-            log(f"{where}: {count / measured.seconds:.0f} msgs/s")
+            harness.log(f"{where}: {count / measured.seconds:.0f} msgs/s")
     return results, checks
 
 
@@ -1190,18 +1187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     options = parse_args(argv)
     if not os.environ.get("DATABASE_URL"):
-        log("DATABASE_URL is not set (source var/services.env)")
+        harness.log("DATABASE_URL is not set (source var/services.env)")
         return 2
     python = None
     if options.needs_peer_venv:
         try:
             python = peers_python()
-        except BenchError as error:
-            log(f"bench failed: {error}")
+        except harness.BenchError as error:
+            harness.log(f"bench failed: {error}")
             return 1
 
     def measure(bench_url: str) -> None:
-        _, maintenance_url = database_urls(bench_url)
+        _, maintenance_url = harness.database_urls(bench_url)
         tps = run_pgbench(bench_url)
         print(f"pgbench -N: {tps:,.0f} tps", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-peers-") as directory:
@@ -1211,21 +1208,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench_url=bench_url,
                 maintenance_url=maintenance_url,
                 directory=Path(directory),
-                payload=make_payload(SIZE),
+                payload=harness.make_payload(SIZE),
                 peers_python=python,
             )
             results, checks = run_all(ctx)
         print_table(options, tps, results)
         print_targets(results)
-        seconds = since(started)
+        seconds = harness.since(started)
         print(f"total {seconds:.0f} s")
         figures = summary(options, tps, results, checks, seconds)
-        log(
-            f"figures written to {keep_run('peers', figures, datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')).relative_to(ROOT)}"
-        )
-        print_figures(figures)
+        path = harness.keep_run("peers", figures, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+        harness.log(f"figures written to {path.relative_to(harness.ROOT)}")
+        harness.print_figures(figures)
 
-    return run_bench(measure)
+    return harness.run_bench(measure)
 
 
 if __name__ == "__main__":

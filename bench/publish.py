@@ -25,28 +25,7 @@ from urllib.parse import quote
 
 import psycopg
 
-from bench._harness import (
-    CONTENT_TYPE,
-    HEADERS,
-    ROOT,
-    BenchError,
-    QueueRef,
-    at_least,
-    batch_sizes,
-    checkpoint,
-    log,
-    make_messages,
-    make_payload,
-    make_queue,
-    parser,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    table,
-    timed,
-    title,
-)
+from bench import _harness as harness
 from bench._loaders import PUT_APPLICATION, PUT_USER, copy_batch
 
 if TYPE_CHECKING:
@@ -90,9 +69,11 @@ class Result:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = parser(__doc__, messages=100_000, messages_help="messages per path", size=True)
+    options = harness.parser(
+        __doc__, messages=100_000, messages_help="messages per path", size=True
+    )
     options.add_argument(
-        "--batch", type=positive_int, default=1000, help="messages per call (<=1000)"
+        "--batch", type=harness.positive_int, default=1000, help="messages per call (<=1000)"
     )
     args = options.parse_args(argv)
     if args.batch > 1000:
@@ -100,13 +81,13 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     return Options(messages=args.messages, batch=args.batch, size=args.size)
 
 
-def make_limited_queue(name: str, size: int) -> QueueRef:
+def make_limited_queue(name: str, size: int) -> harness.QueueRef:
     """A reject_new queue whose limit is never reached: the cost measured is
     the check itself (lock the queue row, read its counters)."""
-    return make_queue(name, size, max_messages=LIMIT, overflow="reject_new")
+    return harness.make_queue(name, size, max_messages=LIMIT, overflow="reject_new")
 
 
-def make_topic(name: str, size: int) -> QueueRef:
+def make_topic(name: str, size: int) -> harness.QueueRef:
     """A topic with TOPIC_SUBSCRIPTIONS subscriptions that all match; the
     returned ref names the topic and carries the first subscription queue's id."""
     from broker.services.topics import subscription_create, topic_create
@@ -114,7 +95,7 @@ def make_topic(name: str, size: int) -> QueueRef:
     topic = topic_create(name=name, topic_string=name.lower())
     first = None
     for n in range(TOPIC_SUBSCRIPTIONS):
-        queue = make_queue(f"{name}.SUB{n}", size)
+        queue = harness.make_queue(f"{name}.SUB{n}", size)
         subscription_create(
             name=f"{name}.SUB{n}",
             topic=topic,
@@ -123,21 +104,21 @@ def make_topic(name: str, size: int) -> QueueRef:
         )
         first = first or queue
     assert first is not None
-    return QueueRef(name=topic.name, id=first.id)
+    return harness.QueueRef(name=topic.name, id=first.id)
 
 
-def topic_queues(topic: QueueRef) -> list[QueueRef]:
+def topic_queues(topic: harness.QueueRef) -> list[harness.QueueRef]:
     from broker.models import Subscription
 
     return [
-        QueueRef(name=queue_name, id=queue_id)
+        harness.QueueRef(name=queue_name, id=queue_id)
         for queue_name, queue_id in Subscription.objects.filter(topic__name=topic.name)
         .order_by("name")
         .values_list("queue__name", "queue_id")
     ]
 
 
-def verify(queue: QueueRef, expected: int, path: str) -> None:
+def verify(queue: harness.QueueRef, expected: int, path: str) -> None:
     """The queue holds exactly ``expected`` rows, and its depth counter agrees."""
     from django.db import connection
 
@@ -150,8 +131,10 @@ def verify(queue: QueueRef, expected: int, path: str) -> None:
         row = cursor.fetchone()
     rows, depth = row if row else (None, None)
     if rows != expected or depth != expected:
-        raise BenchError(f"{path}: expected {expected} messages, table has {rows}, depth {depth}")
-    log(f"{path}: verified {rows} rows, depth counter {depth}")
+        raise harness.BenchError(
+            f"{path}: expected {expected} messages, table has {rows}, depth {depth}"
+        )
+    harness.log(f"{path}: verified {rows} rows, depth counter {depth}")
 
 
 # --- path a: bare psycopg COPY ----------------------------------------------
@@ -165,10 +148,10 @@ def timed_batches(work: Workload, write: Callable[[list[NewMessage]], object]) -
         for count in work.sizes:
             write(work.messages[:count])
 
-    return timed(run)
+    return harness.timed(run)
 
 
-def run_copy(work: Workload, queue: QueueRef) -> float:
+def run_copy(work: Workload, queue: harness.QueueRef) -> float:
     with psycopg.connect(work.bench_url, autocommit=True) as conn:
         return timed_batches(work, lambda batch: copy_batch(conn, queue.id, batch))
 
@@ -176,7 +159,7 @@ def run_copy(work: Workload, queue: QueueRef) -> float:
 # --- path b: the publish service --------------------------------------------
 
 
-def run_service(work: Workload, queue: QueueRef) -> float:
+def run_service(work: Workload, queue: harness.QueueRef) -> float:
     from broker.services.publish import messages_publish
 
     publish = partial(
@@ -205,7 +188,11 @@ def free_port() -> int:
 
 def encode_bodies(payload: bytes, sizes: list[int]) -> dict[int, bytes]:
     """One JSON body per distinct batch size (every message is the same)."""
-    item = {"payload": payload.decode(), "content_type": CONTENT_TYPE, "headers": HEADERS}
+    item = {
+        "payload": payload.decode(),
+        "content_type": harness.CONTENT_TYPE,
+        "headers": harness.HEADERS,
+    }
     return {count: json.dumps({"messages": [item] * count}).encode() for count in set(sizes)}
 
 
@@ -230,7 +217,7 @@ def gunicorn(bench_url: str) -> Iterator[int]:
     command += ["--bind", f"127.0.0.1:{port}", "--workers", "2"]
     with tempfile.TemporaryFile() as server_log:
         process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=server_log, stderr=subprocess.STDOUT
+            command, cwd=harness.ROOT, env=env, stdout=server_log, stderr=subprocess.STDOUT
         )
         try:
             wait_ready(process, port, server_log)
@@ -244,7 +231,9 @@ def wait_ready(process: subprocess.Popen[bytes], port: int, server_log: IO[bytes
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise BenchError(f"gunicorn exited with {process.returncode}:\n{tail(server_log)}")
+            raise harness.BenchError(
+                f"gunicorn exited with {process.returncode}:\n{tail(server_log)}"
+            )
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
             conn.request("GET", "/api/v1/")
@@ -254,7 +243,9 @@ def wait_ready(process: subprocess.Popen[bytes], port: int, server_log: IO[bytes
             time.sleep(0.1)
         finally:
             conn.close()
-    raise BenchError(f"gunicorn gave no answer in {SERVER_START_SECONDS:.0f}s:\n{tail(server_log)}")
+    raise harness.BenchError(
+        f"gunicorn gave no answer in {SERVER_START_SECONDS:.0f}s:\n{tail(server_log)}"
+    )
 
 
 def tail(server_log: IO[bytes], limit: int = 4000) -> str:
@@ -277,7 +268,7 @@ def post(conn: http.client.HTTPConnection, url: str, body: bytes, headers: dict[
     response = conn.getresponse()
     answer = response.read()
     if response.status != 201:
-        raise BenchError(f"api: HTTP {response.status}: {answer[:500]!r}")
+        raise harness.BenchError(f"api: HTTP {response.status}: {answer[:500]!r}")
     return int(json.loads(answer)["count"])
 
 
@@ -298,21 +289,21 @@ def post_batches(
             for count in sizes:
                 stored = post(conn, f"{queue_url}messages/", bodies[count], headers)
                 if stored != count:
-                    raise BenchError(f"api: sent {count} messages, server stored {stored}")
+                    raise harness.BenchError(f"api: sent {count} messages, server stored {stored}")
 
-        return timed(run)
+        return harness.timed(run)
     finally:
         conn.close()
 
 
-def run_api(work: Workload, queue: QueueRef) -> float:
+def run_api(work: Workload, queue: harness.QueueRef) -> float:
     token = api_token()
     bodies = encode_bodies(work.payload, work.sizes)  # before timing: encoding excluded
     with gunicorn(work.bench_url) as port:
         return post_batches(port, token, queue.name, bodies, work.sizes)
 
 
-def run_topic(work: Workload, topic: QueueRef) -> float:
+def run_topic(work: Workload, topic: harness.QueueRef) -> float:
     from broker.services.publish import topic_publish
 
     publish = partial(
@@ -324,16 +315,16 @@ def run_topic(work: Workload, topic: QueueRef) -> float:
 @dataclass(frozen=True)
 class BenchPath:
     name: str
-    prepare: Callable[[str, int], QueueRef]
-    run: Callable[[Workload, QueueRef], float]
+    prepare: Callable[[str, int], harness.QueueRef]
+    run: Callable[[Workload, harness.QueueRef], float]
     # The queues to count afterwards (a topic writes into several).
-    queues: Callable[[QueueRef], list[QueueRef]] = lambda target: [target]
+    queues: Callable[[harness.QueueRef], list[harness.QueueRef]] = lambda target: [target]
 
 
 PATHS: tuple[BenchPath, ...] = (
-    BenchPath("copy", make_queue, run_copy),
-    BenchPath("service", make_queue, run_service),
-    BenchPath("api", make_queue, run_api),
+    BenchPath("copy", harness.make_queue, run_copy),
+    BenchPath("service", harness.make_queue, run_service),
+    BenchPath("api", harness.make_queue, run_api),
     BenchPath("limit", make_limited_queue, run_service),
     BenchPath("topic5", make_topic, run_topic, topic_queues),
 )
@@ -343,19 +334,19 @@ PATHS: tuple[BenchPath, ...] = (
 
 
 def run_all(options: Options, bench_url: str) -> list[Result]:
-    setup_django(bench_url)
-    payload = make_payload(options.size)
+    harness.setup_django(bench_url)
+    payload = harness.make_payload(options.size)
     work = Workload(
         bench_url=bench_url,
-        sizes=batch_sizes(options.messages, options.batch),
+        sizes=harness.batch_sizes(options.messages, options.batch),
         payload=payload,
-        messages=make_messages(payload, options.batch),
+        messages=harness.make_messages(payload, options.batch),
     )
     results = []
     for path in PATHS:
         target = path.prepare(f"BENCH.PUBLISH.{path.name.upper()}", options.size)
-        checkpoint()
-        log(f"{path.name}: publishing {options.messages} messages to {target.name}")
+        harness.checkpoint()
+        harness.log(f"{path.name}: publishing {options.messages} messages to {target.name}")
         seconds = path.run(work, target)
         for queue in path.queues(target):
             verify(queue, options.messages, path.name)
@@ -381,7 +372,7 @@ def summary(options: Options, results: list[Result]) -> dict[str, Any]:
 
 def print_report(options: Options, results: list[Result]) -> None:
     rates = {result.path: result.rate for result in results}
-    title(
+    harness.title(
         f"publish bench: {options.messages} messages of {options.size} bytes "
         f"in batches of {options.batch}, one queue per path",
         "api: JSON bodies encoded before timing (client-side encoding excluded);",
@@ -395,15 +386,19 @@ def print_report(options: Options, results: list[Result]) -> None:
         if (baseline := BASELINES.get(result.path)) is not None:
             ratio = result.rate / rates[baseline]
             target = TARGETS.get(f"{result.path}_vs_{baseline}")
-            row += [f"{ratio:.2f}", baseline, "-" if target is None else at_least(ratio, target)]
+            row += [
+                f"{ratio:.2f}",
+                baseline,
+                "-" if target is None else harness.at_least(ratio, target),
+            ]
         rows.append(row)
-    table(["path", "seconds", "msgs/s", "ratio", "vs", "target"], rows, align="<>>><<")
-    print_figures(summary(options, results))
+    harness.table(["path", "seconds", "msgs/s", "ratio", "vs", "target"], rows, align="<>>><<")
+    harness.print_figures(summary(options, results))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
 
 
 if __name__ == "__main__":

@@ -22,24 +22,8 @@ from typing import Any
 
 import psycopg
 
+from bench import _harness as harness
 from bench._celery import private_redis
-from bench._harness import (
-    BenchError,
-    batch_sizes,
-    checkpoint,
-    log,
-    make_messages,
-    make_payload,
-    make_queue,
-    parser,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-    table,
-    title,
-)
 from bench._loaders import copy_batch, dead_letter_queue, replay_undo
 from bench._spark import (
     DRIVER_ENV,
@@ -148,22 +132,22 @@ class SparkTimes:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = parser(__doc__, messages=1_000_000, messages_help="dead letters", size=True)
+    options = harness.parser(__doc__, messages=1_000_000, messages_help="dead letters", size=True)
     options.add_argument(
-        "--partitions", type=positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
+        "--partitions", type=harness.positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
     )
     options.add_argument(
-        "--slice-rows", type=positive_int, help="LAZARETTO_REPLAY_SLICE_ROWS for the driver"
+        "--slice-rows", type=harness.positive_int, help="LAZARETTO_REPLAY_SLICE_ROWS for the driver"
     )
     options.add_argument(
         "--spark-timeout",
-        type=positive_int,
+        type=harness.positive_int,
         default=SPARK_TIMEOUT_SECONDS,
         help=f"cancel the replay job and fail past this many seconds (default {SPARK_TIMEOUT_SECONDS})",
     )
     options.add_argument(
         "--orm-sample",
-        type=positive_int,
+        type=harness.positive_int,
         default=ORM_SAMPLE,
         help=f"messages the ORM loop moves (default {ORM_SAMPLE}, at most N)",
     )
@@ -223,14 +207,14 @@ class JobWatch(Sampler):
             self.ready_exact = total == 0 and read == 0
             self.ready = heartbeat if self.ready_exact else datetime.now(heartbeat.tzinfo)
             self.driver_started = started
-            log(f"spark: session up ({app_id})")
-        if since(self.logged) >= PROGRESS_LOG_SECONDS:
+            harness.log(f"spark: session up ({app_id})")
+        if harness.since(self.logged) >= PROGRESS_LOG_SECONDS:
             self.logged = time.perf_counter()
-            log(f"spark: {status}, read {read}, written {written} of {self.total}")
+            harness.log(f"spark: {status}, read {read}, written {written} of {self.total}")
         if not self.timed_out and time.perf_counter() > self.deadline:
             # The launcher sees the request and stops the driver.
             self.timed_out = True
-            log("spark: past --spark-timeout; asking the job to cancel")
+            harness.log("spark: past --spark-timeout; asking the job to cancel")
             conn.execute(CANCEL_SQL, [self.job_id])
 
 
@@ -243,17 +227,17 @@ def dead_letter(bench_url: str, options: Options) -> Setup:
     moved by a loader."""
     from broker.models import Queue
 
-    origin = make_queue(ORIGIN, options.size)  # consumer blank: nothing delivers
+    origin = harness.make_queue(ORIGIN, options.size)  # consumer blank: nothing delivers
     dlq_id = Queue.objects.get(name=DLQ).id
-    messages = make_messages(make_payload(options.size), SETUP_BATCH)
+    messages = harness.make_messages(harness.make_payload(options.size), SETUP_BATCH)
     started = time.perf_counter()
     with psycopg.connect(bench_url, autocommit=True) as conn:
-        for count in batch_sizes(options.messages, SETUP_BATCH):
+        for count in harness.batch_sizes(options.messages, SETUP_BATCH):
             copy_batch(conn, origin.id, messages[:count])
         moved = dead_letter_queue(conn, dlq_id=dlq_id, origin=ORIGIN, origin_id=origin.id)
     if moved != options.messages:
-        raise BenchError(f"setup: dead-lettered {moved} of {options.messages} messages")
-    log(f"setup: {moved} messages on {DLQ} in {since(started):.1f}s")
+        raise harness.BenchError(f"setup: dead-lettered {moved} of {options.messages} messages")
+    harness.log(f"setup: {moved} messages on {DLQ} in {harness.since(started):.1f}s")
     return Setup(bench_url, dlq_id=dlq_id, origin_id=origin.id, messages=options.messages)
 
 
@@ -262,7 +246,7 @@ def reset(setup: Setup) -> None:
     VACUUM ANALYZE and CHECKPOINT, so every way starts from the same tables."""
     replay_undo(setup.bench_url, setup.origin_id)
     vacuum(setup.bench_url)
-    checkpoint()
+    harness.checkpoint()
 
 
 def verify(setup: Setup, expected: int, way: str) -> None:
@@ -272,11 +256,11 @@ def verify(setup: Setup, expected: int, way: str) -> None:
         row = conn.execute(COUNTS_SQL, {"queue": setup.origin_id, "dlq": setup.dlq_id}).fetchone()
     rows, depth, sources = row if row else (None, None, None)
     if rows != expected or depth != expected or sources != setup.messages:
-        raise BenchError(
+        raise harness.BenchError(
             f"{way}: expected {expected} copies, table has {rows}, depth {depth}; "
             f"{sources} of {setup.messages} sources left on {DLQ}"
         )
-    log(f"{way}: verified {rows} copies on {ORIGIN}, depth counter {depth}")
+    harness.log(f"{way}: verified {rows} copies on {ORIGIN}, depth counter {depth}")
 
 
 # --- way a: one INSERT ... SELECT ------------------------------------------------------
@@ -287,9 +271,9 @@ def run_insert_select(setup: Setup) -> Result:
         started = time.perf_counter()
         with conn.transaction():
             written = conn.execute(INSERT_SELECT_SQL, {"dlq": setup.dlq_id}).rowcount
-        seconds = since(started)
+        seconds = harness.since(started)
     if written != setup.messages:
-        raise BenchError(f"insert_select: wrote {written} of {setup.messages}")
+        raise harness.BenchError(f"insert_select: wrote {written} of {setup.messages}")
     verify(setup, setup.messages, "insert_select")
     return Result("insert_select", seconds, written)
 
@@ -314,23 +298,23 @@ def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
         with stdout_to_stderr():
             ended = replay_job_launch(job.id)
     finally:
-        seconds = since(started)
+        seconds = harness.since(started)
         db_seconds = watch.stop()
     if watch.timed_out:
-        raise BenchError(
+        raise harness.BenchError(
             f"spark: the replay job ran past {timeout:.0f}s and was cancelled ({ended.status}); "
             f"written {ended.written} of {setup.messages}; longest statements (s): "
             f"{watch.longest}"
         )
     if ended.status != ReplayJobStatus.DONE:
-        raise BenchError(f"spark: replay job ended {ended.status}: {ended.error}")
+        raise harness.BenchError(f"spark: replay job ended {ended.status}: {ended.error}")
     if ended.written != setup.messages:
-        raise BenchError(
+        raise harness.BenchError(
             f"spark: the job wrote {ended.written} of {setup.messages} "
             f"(read {ended.read}, failed {ended.failed}, skipped {ended.skipped})"
         )
     if watch.ready is None or watch.driver_started is None or ended.finished_at is None:
-        raise BenchError("spark: the job never stored its Spark application id")
+        raise harness.BenchError("spark: the job never stored its Spark application id")
     verify(setup, setup.messages, "spark")
 
     def since_launch(moment: datetime) -> float:
@@ -346,14 +330,16 @@ def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
         db_seconds=db_seconds,
         longest_seconds={kind: round(value, 1) for kind, value in sorted(watch.longest.items())},
     )
-    log(
+    harness.log(
         f"spark: {ended.written} written in {seconds:.2f}s; driver took the job at "
         f"{times.driver_started:.2f}s, session up at {times.ready:.2f}s"
         f"{'' if times.ready_exact else ' (seen, not stamped)'}, first JDBC connection at "
         f"{times.first_jdbc if times.first_jdbc is None else round(times.first_jdbc, 2)}s, "
         f"job finished at {times.finished:.2f}s"
     )
-    log(f"spark: sampled database time (s): {db_seconds}; longest (s): {times.longest_seconds}")
+    harness.log(
+        f"spark: sampled database time (s): {db_seconds}; longest (s): {times.longest_seconds}"
+    )
     return Result("spark", seconds, ended.written), times
 
 
@@ -387,7 +373,7 @@ def run_orm(setup: Setup, sample: int) -> Result:
                 put_application=source.put_application,
                 put_user=source.put_user,
             )
-    seconds = since(started)
+    seconds = harness.since(started)
     verify(setup, sample, "orm")
     return Result("orm", seconds, sample)
 
@@ -414,22 +400,24 @@ def run_all(options: Options, bench_url: str) -> Figures:
             LAZARETTO_SPARK_PARTITIONS=options.partitions,
             LAZARETTO_REPLAY_SLICE_ROWS=options.slice_rows,
         )
-        setup_django(bench_url)
+        harness.setup_django(bench_url)
         with private_redis(Path(directory)) as redis_server:
             driver_environment(redis_server.url)
             figures.config = spark_config()
-            log(f"spark settings: {figures.config}")
-            log(f"setup: dead-lettering {options.messages} messages of {options.size} bytes")
+            harness.log(f"spark settings: {figures.config}")
+            harness.log(
+                f"setup: dead-lettering {options.messages} messages of {options.size} bytes"
+            )
             setup = dead_letter(bench_url, options)
             reset(setup)
-            log(f"insert_select: {options.messages} messages in one statement")
+            harness.log(f"insert_select: {options.messages} messages in one statement")
             figures.results["insert_select"] = run_insert_select(setup)
             reset(setup)
-            log(f"spark: replay job for {options.messages} messages")
+            harness.log(f"spark: replay job for {options.messages} messages")
             result, figures.spark = run_spark(setup, options.spark_timeout)
             figures.results["spark"] = result
             reset(setup)
-            log(f"orm: {options.orm_sample} messages, one transaction each")
+            harness.log(f"orm: {options.orm_sample} messages, one transaction each")
             figures.results["orm"] = run_orm(setup, options.orm_sample)
     return figures
 
@@ -501,7 +489,7 @@ def summary(options: Options, figures: Figures) -> dict[str, Any]:
 def print_report(options: Options, figures: Figures) -> None:
     assert figures.spark is not None
     results, spark, config = figures.results, figures.spark, figures.config
-    title(
+    harness.title(
         f"replay bench: {options.messages} dead-lettered messages of {options.size} bytes on "
         f"{DLQ}, back to {ORIGIN}",
         f"spark: {config['master']}, {config['partitions']} JDBC partitions, slices of "
@@ -515,7 +503,7 @@ def print_report(options: Options, figures: Figures) -> None:
         [name, r.messages, f"{r.seconds:.2f}", f"{r.rate:.0f}"]
         for name, r in ((name, results[name]) for name in ("insert_select", "spark", "orm"))
     ]
-    table(["way", "messages", "seconds", "msgs/s"], rows)
+    harness.table(["way", "messages", "seconds", "msgs/s"], rows)
     exact = "" if spark.ready_exact else " (seen by polling, not stamped)"
     print(
         f"  spark start-up {spark.ready:>6.2f} s  launch to Spark session up{exact}: "
@@ -533,7 +521,7 @@ def print_report(options: Options, figures: Figures) -> None:
         f"spark moved {results['spark'].rate:.0f} msgs/s "
         f"({results['spark'].rate / SQS_REDRIVE_MSGS_PER_S:.0f}x)"
     )
-    print_figures(summary(options, figures))
+    harness.print_figures(summary(options, figures))
 
 
 def print_targets(options: Options, figures: Figures) -> None:
@@ -551,13 +539,13 @@ def print_targets(options: Options, figures: Figures) -> None:
             f"<= {total:g} {judged['spark_total_seconds']}",
         ]
     )
-    table(["ratio", "value", "target"], rows, align="<><")
+    harness.table(["ratio", "value", "target"], rows, align="<><")
     print()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
 
 
 if __name__ == "__main__":

@@ -33,23 +33,6 @@ import psycopg
 
 from bench import _celery
 from bench import _harness as harness
-from bench._harness import (
-    ROOT,
-    BenchError,
-    batch_sizes,
-    checkpoint,
-    depths,
-    keep_run,
-    log,
-    make_payload,
-    positive_float,
-    positive_int,
-    print_figures,
-    run_bench,
-    setup_django,
-    since,
-    table,
-)
 from bench._loaders import PUT_APPLICATION, PUT_USER, queue_empty
 
 if TYPE_CHECKING:
@@ -155,28 +138,28 @@ class Options:
 def parse_args(argv: Sequence[str] | None) -> Options:
     parser = harness.parser(__doc__)
     parser.add_argument(
-        "--minutes", type=positive_float, default=10.0, help="steady phase (default 10)"
+        "--minutes", type=harness.positive_float, default=10.0, help="steady phase (default 10)"
     )
     parser.add_argument(
         "--rate",
-        type=positive_float,
+        type=harness.positive_float,
         help="publish this many msgs/s instead of 70 %% of the measured drain rate",
     )
     parser.add_argument(
         "--idle-minutes",
-        type=positive_float,
+        type=harness.positive_float,
         default=3.0,
         help="idle transaction held open after the steady phase (default 3)",
     )
     parser.add_argument(
         "--recovery-minutes",
-        type=positive_float,
+        type=harness.positive_float,
         default=2.0,
         help="publishing on after the idle transaction ends (default 2)",
     )
     parser.add_argument(
         "--drain-messages",
-        type=positive_int,
+        type=harness.positive_int,
         default=DRAIN_MESSAGES,
         help=f"messages drained to measure the drain rate (default {DRAIN_MESSAGES})",
     )
@@ -186,7 +169,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         default=True,
         help="base the rate on the drain measured while publishing (default: on)",
     )
-    parser.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    parser.add_argument("--size", type=harness.positive_int, default=1024, help="payload bytes")
     args = parser.parse_args(argv)
     least_steady = 2 * WINDOW_SECONDS
     if args.minutes * 60 < least_steady:
@@ -598,7 +581,7 @@ class Publisher(threading.Thread):
             tick = self.started_at
             while not self.stopping.is_set():
                 due = self.scheduled(time.monotonic()) - self.published
-                for size in batch_sizes(due, PUBLISH_BATCH_LIMIT) if due > 0 else []:
+                for size in harness.batch_sizes(due, PUBLISH_BATCH_LIMIT) if due > 0 else []:
                     self.publish(size)
                 tick += PUBLISH_TICK_SECONDS
                 self.stopping.wait(max(0.0, tick - time.monotonic()))
@@ -672,7 +655,7 @@ class LatencySampler(threading.Thread):
             return 0
         began = time.perf_counter()
         rows = conn.execute(ACKED_SQL, {"ids": oldest}).fetchall()
-        seconds = since(began)
+        seconds = harness.since(began)
         self.queries += 1
         self.query_seconds += seconds
         self.longest_query_s = max(self.longest_query_s, seconds)
@@ -712,13 +695,15 @@ class IdleTransaction:
         row = self.conn.execute(IDLE_TXN_SQL).fetchone()
         assert row is not None
         self.xid, self.pid, _ = row
-        log(f"idle transaction open: backend {self.pid}, xid {self.xid}")
+        harness.log(f"idle transaction open: backend {self.pid}, xid {self.xid}")
 
     def check(self, conn: psycopg.Connection[Any]) -> None:
         """Still idle in its transaction, holding its xid (read on ``conn``)."""
         row = conn.execute(IDLE_STATE_SQL, [self.pid]).fetchone()
         if row is None or row[0] != "idle in transaction" or row[1] != str(self.xid):
-            raise BenchError(f"the idle transaction (backend {self.pid}) ended early: {row}")
+            raise harness.BenchError(
+                f"the idle transaction (backend {self.pid}) ended early: {row}"
+            )
 
     def close(self) -> None:
         if self.conn is None:
@@ -726,11 +711,13 @@ class IdleTransaction:
         try:
             self.conn.rollback()
         except psycopg.Error as error:
-            raise BenchError(f"the idle transaction had ended before its time: {error}") from None
+            raise harness.BenchError(
+                f"the idle transaction had ended before its time: {error}"
+            ) from None
         finally:
             self.conn.close()
             self.conn = None
-        log(f"idle transaction ended (backend {self.pid})")
+        harness.log(f"idle transaction ended (backend {self.pid})")
 
 
 # --- failed tasks ------------------------------------------------------------------------------
@@ -834,14 +821,14 @@ def measure_drain(bench: _celery.Bench, count: int) -> Drain:
         size=bench.size,
         paused=True,
     )
-    log(f"drain: publishing {count} messages to {queue.name}")
+    harness.log(f"drain: publishing {count} messages to {queue.name}")
     _celery.publish_messages(queue, _celery.new_message(bench.payload), count)
     _celery.flush_redis(bench.redis)
-    checkpoint()
+    harness.checkpoint()
     seconds, first_claim = _celery.run_celery(bench, queue, count)
     _celery.verify_delivered(queue, count, "drain")
     drain = Drain(count, seconds, first_claim)
-    log(f"drain: {drain.rate:.0f} msgs/s")
+    harness.log(f"drain: {drain.rate:.0f} msgs/s")
     queue_empty(bench.bench_url, queue.id)
     return drain
 
@@ -860,7 +847,7 @@ def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
         message=_celery.new_message(bench.payload),
         sample_every=sys.maxsize,
     )
-    log(f"drain while publishing: offering {offered:.0f} msgs/s to {queue.name}")
+    harness.log(f"drain while publishing: offering {offered:.0f} msgs/s to {queue.name}")
     with (
         tempfile.TemporaryDirectory(prefix="bench-soak-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
@@ -869,15 +856,15 @@ def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
 
         def check() -> None:
             if publisher.error is not None:
-                raise BenchError(f"publisher failed: {publisher.error!r}")
+                raise harness.BenchError(f"publisher failed: {publisher.error!r}")
 
         publisher.start()
         try:
             time.sleep(LOADED_WARMUP_SECONDS)
             check()
-            began, before = time.monotonic(), depths(conn, queue.id).get("DLVD", 0)
+            began, before = time.monotonic(), harness.depths(conn, queue.id).get("DLVD", 0)
             time.sleep(LOADED_SECONDS)
-            ended, after = time.monotonic(), depths(conn, queue.id).get("DLVD", 0)
+            ended, after = time.monotonic(), harness.depths(conn, queue.id).get("DLVD", 0)
         finally:
             publisher.stopping.set()
             publisher.join()
@@ -885,14 +872,14 @@ def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
         wait_drained(conn, queue.id, publisher.count(), check)
     queue_empty(bench.bench_url, queue.id)
     rate = (after - before) / (ended - began)
-    log(f"drain while publishing: {rate:.0f} msgs/s acknowledged")
+    harness.log(f"drain while publishing: {rate:.0f} msgs/s acknowledged")
     return rate
 
 
 def vacuum_and_checkpoint(bench_url: str) -> None:
     with psycopg.connect(bench_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE broker_message")
-    checkpoint()
+    harness.checkpoint()
 
 
 def make_soak_queue(size: int) -> Queue:
@@ -911,7 +898,7 @@ class Clock:
     def read(self) -> Reading:
         t = time.monotonic() - self.started
         published = self.publisher.count()
-        depth = depths(self.conn, self.queue_id)
+        depth = harness.depths(self.conn, self.queue_id)
         relations = read_relations(self.conn)
         return Reading(
             t=t,
@@ -960,14 +947,14 @@ def run_windows(
             if window.phase == "idle_txn":
                 idle.open()
             phase = window.phase
-            log(f"--- {phase} from t={window.start:.0f}s")
+            harness.log(f"--- {phase} from t={window.start:.0f}s")
         time.sleep(max(0.0, clock.started + window.end - time.monotonic()))
         reading = clock.read()
         if phase == "idle_txn":
             idle.check(clock.conn)
         check()
         recent = sampler.recent(started_epoch + window.start, started_epoch + window.end)
-        log(describe(reading, readings[-1], window, latency_ms(recent)["p99_ms"]))
+        harness.log(describe(reading, readings[-1], window, latency_ms(recent)["p99_ms"]))
         readings.append(reading)
     if phase == "idle_txn":
         idle.close()
@@ -980,7 +967,7 @@ def soak_rate(options: Options, drain: Drain | None) -> float:
         return options.rate
     if drain is not None:
         return drain.base * LOAD_FRACTION
-    raise BenchError("no rate: neither --rate nor a drain measurement")
+    raise harness.BenchError("no rate: neither --rate nor a drain measurement")
 
 
 @dataclass(frozen=True)
@@ -1020,7 +1007,7 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
     sampler = LatencySampler(bench_url=bench.bench_url, publisher=publisher)
     idle = IdleTransaction(bench.bench_url)
     started_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    log(
+    harness.log(
         f"soak: {rate:.0f} msgs/s to {queue.name} for {windows[-1].end:.0f} s "
         f"(steady {options.minutes:g} min, idle transaction {options.idle_minutes:g} min, "
         f"recovery {options.recovery_minutes:g} min); latency of 1 message in {every}"
@@ -1079,11 +1066,11 @@ def record_soak(
 
         def check() -> None:
             if publisher.error is not None:
-                raise BenchError(f"publisher failed: {publisher.error!r}")
+                raise harness.BenchError(f"publisher failed: {publisher.error!r}")
             if sampler.error is not None:
-                raise BenchError(f"latency sampler failed: {sampler.error!r}")
+                raise harness.BenchError(f"latency sampler failed: {sampler.error!r}")
             for error in tasks.look():
-                log(f"a task failed: {error[:300]}")
+                harness.log(f"a task failed: {error[:300]}")
 
         clock = Clock(conn=conn, queue_id=queue.id, publisher=publisher)
         try:
@@ -1097,7 +1084,7 @@ def record_soak(
             idle.close()
         check()
         published = publisher.count()
-        log(f"soak: publisher stopped after {published} messages; draining the backlog")
+        harness.log(f"soak: publisher stopped after {published} messages; draining the backlog")
         backlog_drained_s = wait_drained(conn, queue.id, published, check)
         time.sleep(SAMPLE_TICK_SECONDS)  # the sampler's last lookups
         sampler.stopping.set()
@@ -1135,17 +1122,17 @@ def wait_drained(
     overloaded run, the backlog is drained after the clock."""
     began = logged = time.monotonic()
     delivered, moved = -1, began
-    while (now_delivered := depths(conn, queue_id).get("DLVD", 0)) < count:
+    while (now_delivered := harness.depths(conn, queue_id).get("DLVD", 0)) < count:
         now = time.monotonic()
         if now_delivered != delivered:
             delivered, moved = now_delivered, now
         elif now - moved > _celery.STALL_TIMEOUT_SECONDS:
-            raise BenchError(
+            raise harness.BenchError(
                 f"soak: delivery stalled at {delivered} of {count} DLVD "
                 f"for {_celery.STALL_TIMEOUT_SECONDS:.0f}s"
             )
         if now - logged >= DRAIN_LOG_SECONDS:
-            log(f"draining: {count - delivered} left after {now - began:.0f} s")
+            harness.log(f"draining: {count - delivered} left after {now - began:.0f} s")
             logged = now
         check()
         time.sleep(_celery.POLL_SECONDS * 10)
@@ -1160,8 +1147,8 @@ def describe_layout(relations: dict[str, dict[str, Any]]) -> str:
 
 
 def run_all(options: Options, bench_url: str) -> Run:
-    setup_django(bench_url)
-    payload = make_payload(options.size)
+    harness.setup_django(bench_url)
+    payload = harness.make_payload(options.size)
     with (
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
         _celery.private_redis(Path(directory)) as redis_server,
@@ -1313,7 +1300,7 @@ def code_version() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         result = subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+            ["git", *args], cwd=harness.ROOT, capture_output=True, text=True, check=False
         )
         return result.stdout.strip()
 
@@ -1329,7 +1316,7 @@ def _round(value: float | None, digits: int) -> float | None:
 def print_report(run: Run) -> None:
     steady_latency = latency_ms(phase_latencies(run, "steady"))
     figures = summary(run, steady_latency)
-    path = keep_run(
+    path = harness.keep_run(
         "soak",
         figures,
         run.started_utc.replace("-", "").replace(":", ""),
@@ -1338,7 +1325,7 @@ def print_report(run: Run) -> None:
         idle_transaction=run.idle,
         samples=[asdict(sample) for sample in run.samples],
     )
-    figures["series_file"] = str(path.relative_to(ROOT))
+    figures["series_file"] = str(path.relative_to(harness.ROOT))
     print(
         f"soak bench: {run.options.size}-byte payloads, consumer noop, batch size {BATCH_SIZE}, "
         f"Celery deliveries worker --concurrency {CONCURRENCY} (DEBUG off); broker_message "
@@ -1362,7 +1349,7 @@ def print_report(run: Run) -> None:
         f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
     )
     print(f"time series: {figures['series_file']}")
-    print_figures(figures)
+    harness.print_figures(figures)
 
 
 def print_rate(run: Run) -> None:
@@ -1401,7 +1388,7 @@ def print_phases(run: Run) -> None:
                 ]
             )
     header = ["phase", "pub/s", "acked/s", "p50 ms", "p95 ms", "p99 ms", "max dead"]
-    table([*header, "max backlog", "MB at end"], rows)
+    harness.table([*header, "max backlog", "MB at end"], rows)
 
 
 def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | None]) -> None:
@@ -1455,7 +1442,7 @@ def print_relations(relations: dict[str, dict[str, Any]]) -> None:
         ]
         for name, rel in relations.items()
     ]
-    table(header, rows)
+    harness.table(header, rows)
 
 
 def _ms(value: float | None) -> str:
@@ -1464,7 +1451,7 @@ def _ms(value: float | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    return run_bench(lambda bench_url: print_report(run_all(options, bench_url)))
+    return harness.run_bench(lambda bench_url: print_report(run_all(options, bench_url)))
 
 
 if __name__ == "__main__":
