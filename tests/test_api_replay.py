@@ -12,6 +12,7 @@ from django.utils import timezone
 from broker.models import AuditEvent, ReplayJob, ReplayJobStatus
 from broker.services.queues import queue_create
 from tests.support.messages import dead_lettered
+from tests.support.replay import reported
 
 pytestmark = pytest.mark.django_db
 
@@ -19,6 +20,15 @@ DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 JOBS = "/api/v1/replay-jobs/"
 PREVIEW = f"{JOBS}preview/"
 BASE = {"source": "dead_letter", "source_queue": DLQ}
+# A filter that names every field.
+FILTER = {
+    "queues": ["ORDERS.IN"],
+    "reason": "handler_error",
+    "since": "2026-01-01T00:00:00Z",
+    "until": "2026-02-01T00:00:00Z",
+    "header": "region=eu",
+    "payload_text": "invoice",
+}
 
 
 def submit(client, **body) -> dict:
@@ -34,14 +44,7 @@ def parked(db):
 
 def test_an_operator_submits_a_job_and_reads_it_back(operator_api, orders, parked):
     body = {
-        "filter": {
-            "queues": ["ORDERS.IN"],
-            "reason": "handler_error",
-            "since": "2026-01-01T00:00:00Z",
-            "until": "2026-02-01T00:00:00Z",
-            "header": "region=eu",
-            "payload_text": "invoice",
-        },
+        "filter": FILTER,
         "target_queue": "PARKED.Q",
         "rules_text": "ACTION(FWD) FWDQ(PARKED.Q)\n",
         "velocity": 50,
@@ -58,14 +61,7 @@ def test_an_operator_submits_a_job_and_reads_it_back(operator_api, orders, parke
         DLQ,
         "PARKED.Q",
     )
-    assert job["filter"] == {
-        "queues": ["ORDERS.IN"],
-        "reason": "handler_error",
-        "since": "2026-01-01T00:00:00Z",
-        "until": "2026-02-01T00:00:00Z",
-        "header": "region=eu",
-        "payload_text": "invoice",
-    }
+    assert job["filter"] == FILTER
     assert (job["rules_text"], job["velocity"], job["dry_run"]) == (body["rules_text"], 50, True)
     for count in ("total", "read", "matched", "written", "skipped", "failed", "runs"):
         assert job[count] == 0
@@ -97,13 +93,10 @@ def test_a_bare_job_takes_everything_back_to_its_original_queues(operator_api):
 
 def test_a_finished_job_shows_its_counts(operator_api, viewer_api):
     job = submit(operator_api)
-    ReplayJob.objects.filter(id=job["id"]).update(
-        status=ReplayJobStatus.DONE,
-        total=10,
-        read=10,
-        matched=8,
-        written=7,
-        skipped=1,
+    reported(
+        job["id"],
+        ReplayJobStatus.DONE,
+        (10, 10, 8, 7, 1),
         per_target={"ORDERS.IN": 7},
         per_rule={"1": 7, "0": 1},
         spark_app_id="local-1234",

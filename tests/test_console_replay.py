@@ -22,6 +22,7 @@ from broker.services.queues import queue_create
 from tests.support.archive import DAY, archived, message_row
 from tests.support.console import error_beside, logged_in
 from tests.support.messages import dead_lettered
+from tests.support.replay import reported
 
 pytestmark = pytest.mark.django_db
 
@@ -262,14 +263,10 @@ def test_the_form_is_prefilled_from_the_query_string(operator, orders):
 
 def test_the_job_page_shows_counts_per_target_and_per_rule_and_polls_while_running(operator):
     job = a_job(operator, rules_text="ACTION(RETRY)\n")
-    ReplayJob.objects.filter(id=job.id).update(
-        status="running",
-        total=10,
-        read=10,
-        matched=8,
-        written=5,
-        skipped=1,
-        failed=1,
+    reported(
+        job.id,
+        "running",
+        (10, 10, 8, 5, 1, 1),
         per_target={"PARKED.Q": 2, "ORDERS.IN": 3},
         per_rule={"2": 2, "0": 1, "10": 1, "1": 3},
         spark_app_id="local-1715000000000",

@@ -19,6 +19,7 @@ from broker.models import AuditEvent, Message, Queue, QueueKind, ReplayJob, Repl
 from broker.pipeline.archive import SCHEMA
 from broker.pipeline.replay import replay_run_finish, replay_run_progress, replay_run_start
 from tests.support.messages import dead_lettered
+from tests.support.replay import reported
 
 pytestmark = pytest.mark.django_db
 
@@ -194,14 +195,10 @@ def test_every_problem_is_listed_at_once(tmp_path: Path):
 
 def test_status_shows_a_jobs_progress_counts_and_error(orders):
     job = submitted("--queue", "ORDERS.IN", "--velocity", "10")
-    ReplayJob.objects.filter(id=job.id).update(
-        status=ReplayJobStatus.FAILED,
-        total=10,
-        read=10,
-        matched=8,
-        written=4,
-        skipped=1,
-        failed=0,
+    reported(
+        job.id,
+        ReplayJobStatus.FAILED,
+        (10, 10, 8, 4, 1, 0),
         per_target={"ORDERS.IN": 4},
         per_rule={"1": 3, "none": 1},
         spark_app_id="local-1234",

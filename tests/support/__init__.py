@@ -16,4 +16,5 @@ modules import from here, never from one another.
 - ``databases``: a database of a test's own beside the test database.
 - ``arguments``: what a command's argument parser says refusing arguments.
 - ``rules``: a rules table parsed for the tests of broker.rules (no Django).
+- ``replay``: a replay job moved on as its Spark driver would report it.
 """
