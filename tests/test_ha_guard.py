@@ -9,7 +9,8 @@ from django.db import OperationalError, connection
 
 from broker.errors import HaMaintenance, StoreUnavailable
 from broker.ha.guard import refusal
-from broker.models import Message, Queue
+from broker.models import Queue
+from tests.support.console import publish_refused
 
 
 def django_error(cause: psycopg.Error) -> OperationalError:
@@ -58,11 +59,7 @@ def test_a_publish_to_a_store_that_takes_no_writes_is_503(operator_api, orders: 
             "FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.read_only()"
         )
 
-    response = operator_api.post(
-        "/api/v1/queues/ORDERS.IN/messages/", {"payload": "hello"}, format="json"
-    )
+    body = publish_refused(operator_api, orders)
 
-    assert response.status_code == 503
-    assert response.json()["code"] == "store_unavailable"
-    assert "Retry" in response.json()["detail"]
-    assert not Message.objects.filter(queue=orders).exists()
+    assert body["code"] == "store_unavailable"
+    assert "Retry" in body["detail"]

@@ -1,14 +1,18 @@
 """The console and the API as Django's test clients see them: a user's
-client, a token's API client, and what a page says beside a form field."""
+client, a token's API client, what a page says beside a form field, and a
+publish the API refuses."""
 
 from __future__ import annotations
 
 import re
 from html import unescape
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
+
+from broker.models import Message, Queue
 
 # A queue's settings form, filled in validly (every field the form posts).
 QUEUE_SETTINGS_FORM = {
@@ -49,3 +53,16 @@ def error_beside(html: str, field: str) -> str:
     match = re.search(rf'id="id_{field}-error"[^>]*>(.*?)</p>', html, re.S)
     assert match, f"no error beside {field}"
     return unescape(match.group(1))
+
+
+def publish_refused(api: APIClient, queue: Queue) -> dict[str, Any]:
+    """The body of the 503 that publishing "hello" to ``queue`` through the
+    API is answered with; fails the test on another status or if the
+    message was stored."""
+    response = api.post(
+        f"/api/v1/queues/{queue.name}/messages/", {"payload": "hello"}, format="json"
+    )
+    assert response.status_code == 503
+    assert not Message.objects.filter(queue=queue).exists()
+    body: dict[str, Any] = response.json()
+    return body
