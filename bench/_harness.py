@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from broker.services.publish import NewMessage
 
 T = TypeVar("T")
+Opts = TypeVar("Opts")
+R = TypeVar("R")
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = f"lazaretto_bench_{os.getpid()}"
@@ -91,22 +93,31 @@ def batch_list(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def parser(
-    doc: str | None,
-    *,
-    messages: int | None = None,
-    messages_help: str | None = None,
-    size: bool = False,
-) -> argparse.ArgumentParser:
-    """The bench's parser, described by its docstring's first line, with the
-    common options it takes: ``--messages N`` (given its default) and
-    ``--size BYTES`` (payload bytes, default 1024)."""
+Option = tuple[Callable[[str], Any], Any, str | None]
+
+
+def parser(doc: str | None, **options: Option) -> argparse.ArgumentParser:
+    """The bench's parser, described by its docstring's first line: one
+    ``--some-name`` for each ``some_name=(type, default, help)``, type
+    ``bool`` making a ``--some-name/--no-some-name`` switch."""
     made = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
-    if messages is not None:
-        made.add_argument("--messages", type=positive_int, default=messages, help=messages_help)
-    if size:
-        made.add_argument("--size", type=positive_int, default=1024, help="payload bytes")
+    for name, (kind, default, text) in options.items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            made.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=text
+            )
+        else:
+            made.add_argument(flag, type=kind, default=default, help=text)
     return made
+
+
+def messages(default: int, text: str | None = None) -> Option:
+    """``--messages N``: how many messages the bench moves."""
+    return (positive_int, default, text)
+
+
+SIZE: Option = (positive_int, 1024, "payload bytes")
 
 
 # --- timing ---------------------------------------------------------------------------
@@ -227,6 +238,18 @@ def checkpoint() -> None:
         log(f"CHECKPOINT skipped: {error}")
 
 
+def main(
+    argv: Sequence[str] | None,
+    parse_args: Callable[[Sequence[str] | None], Opts],
+    run_all: Callable[[Opts, str], R],
+    print_report: Callable[[Opts, R], None],
+) -> int:
+    """A bench's main: its options parsed, then, on the bench database, its
+    figures measured by ``run_all`` and printed by ``print_report``."""
+    options = parse_args(argv)
+    return run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+
+
 def run_bench(measure: Callable[[str], None]) -> int:
     """Run ``measure`` on a fresh bench database beside DATABASE_URL's,
     dropped afterwards whatever happens; returns the exit status: 0 when the
@@ -291,6 +314,19 @@ def make_messages(payload: bytes, count: int) -> list[NewMessage]:
 def make_payload(size: int) -> bytes:
     """ASCII (valid UTF-8, so the API can carry it as a string) and incompressible."""
     return base64.b64encode(os.urandom(size))[:size]
+
+
+@dataclass(frozen=True)
+class Timed:
+    """``messages`` moved in ``seconds`` by ``name`` (a path, a way)."""
+
+    name: str
+    seconds: float
+    messages: int
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
 
 
 # --- the report -----------------------------------------------------------------------

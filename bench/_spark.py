@@ -18,7 +18,10 @@ from typing import Any
 
 import psycopg
 
-from bench._harness import PRODUCTION_ENV, BenchError, log
+from bench._harness import PRODUCTION_ENV, BenchError, Option, log, positive_int
+
+# --partitions of the benches that launch a Spark driver.
+PARTITIONS: Option = (positive_int, None, "LAZARETTO_SPARK_PARTITIONS for the driver")
 
 # The Spark driver runs as in production: DEBUG off (no query log), so it needs a key.
 DRIVER_ENV = PRODUCTION_ENV

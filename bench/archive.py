@@ -23,16 +23,8 @@ from typing import Any
 import psycopg
 
 from bench import _harness as harness
+from bench import _spark
 from bench._loaders import age_delivered, copy_batch
-from bench._spark import (
-    DRIVER_ENV,
-    JDBC_APPLICATION,
-    Sampler,
-    spark_config,
-    spark_environment,
-    stdout_to_stderr,
-    vacuum,
-)
 
 QUEUE = "BENCH.ARCHIVE.DONE"
 AGE_DAYS = 10
@@ -90,14 +82,12 @@ class Figures:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = harness.parser(__doc__, messages=200_000, messages_help="messages due", size=True)
-    options.add_argument(
-        "--chunk-rows",
-        type=harness.positive_int,
-        help="LAZARETTO_ARCHIVE_CHUNK_ROWS for the driver",
-    )
-    options.add_argument(
-        "--partitions", type=harness.positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
+    options = harness.parser(
+        __doc__,
+        messages=harness.messages(200_000, "messages due"),
+        size=harness.SIZE,
+        chunk_rows=(harness.positive_int, None, "LAZARETTO_ARCHIVE_CHUNK_ROWS for the driver"),
+        partitions=_spark.PARTITIONS,
     )
     return Options(**vars(options.parse_args(argv)))
 
@@ -142,7 +132,7 @@ def classify_archive(application: str, query: str) -> str | None:
     text = query.lstrip().upper()
     if text.startswith("DELETE FROM BROKER_MESSAGE"):
         return "delete"
-    if application == JDBC_APPLICATION:
+    if application == _spark.JDBC_APPLICATION:
         return "jdbc_read" if text.startswith("SELECT") else "jdbc_other"
     if text.startswith("SELECT M.ID FROM BROKER_MESSAGE"):
         return "due_ids"
@@ -164,12 +154,12 @@ def run_archive(bench_url: str) -> Run:
     """Run the archive's driver to its end, watching the database."""
     from workers.pipeline import archive_launch
 
-    sampler = Sampler(bench_url, classify_archive)
+    sampler = _spark.Sampler(bench_url, classify_archive)
     sampler.start()
     launched = time.time()
     started = time.perf_counter()
     try:
-        with stdout_to_stderr():
+        with _spark.stdout_to_stderr():
             status = archive_launch()
     finally:
         seconds = harness.since(started)
@@ -228,7 +218,7 @@ def verify(bench_url: str, queue_id: int, ids: list[int], archive_dir: Path) -> 
 def run_all(options: Options, bench_url: str) -> Figures:
     with tempfile.TemporaryDirectory(prefix="bench-archive-") as directory:
         archive_dir = Path(directory)
-        spark_environment(
+        _spark.spark_environment(
             bench_url,
             archive_dir,
             LAZARETTO_SPARK_PARTITIONS=options.partitions,
@@ -236,12 +226,12 @@ def run_all(options: Options, bench_url: str) -> Figures:
         )
         harness.setup_django(bench_url)
         # No wake-ups here: the archive sends none, so no Redis of its own.
-        os.environ.update(DRIVER_ENV)
-        config = spark_config()
+        os.environ.update(_spark.DRIVER_ENV)
+        config = _spark.spark_config()
         harness.log(f"spark settings: {config}")
         harness.log(f"setup: {options.messages} delivered messages of {options.size} bytes")
         queue_id, ids = deliver_old(bench_url, options)
-        vacuum(bench_url)
+        _spark.vacuum(bench_url)
         harness.checkpoint()
         harness.log(f"archive: running the archive's Spark driver over {options.messages} messages")
         run = run_archive(bench_url)
@@ -337,8 +327,7 @@ def print_report(options: Options, figures: Figures) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
-    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.main(argv, parse_args, run_all, print_report)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ STATES = [("DLVD", 60), ("TBDL", 20), ("NDLV", 10), ("FAIL", 5), ("DLNG", 5)]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    options = harness.parser(__doc__, messages=1_000_000)
-    options.add_argument("--repeat", type=harness.positive_int, default=20)
-    return options.parse_args(argv)
+    return harness.parser(
+        __doc__, messages=harness.messages(1_000_000), repeat=(harness.positive_int, 20, None)
+    ).parse_args(argv)
 
 
 def seed(total: int) -> None:

@@ -10,7 +10,6 @@ bench.peers and bench.soak run Lazaretto with too.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import secrets
@@ -186,23 +185,15 @@ class IsolationResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = harness.parser(__doc__, messages=100_000, messages_help="per path", size=True)
-    options.add_argument(
-        "--batches", type=harness.batch_list, default=(1, 10, 100), help="e.g. 1,10,100"
-    )
-    options.add_argument(
-        "--concurrency", type=harness.positive_int, default=2, help="delivery processes"
-    )
-    options.add_argument(
-        "--batch1-messages", type=harness.positive_int, help="messages at batch size 1 (default N)"
-    )
-    options.add_argument(
-        "--isolation",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="time poison isolation at batch 10 and 100 (default: on)",
-    )
-    args = options.parse_args(argv)
+    args = harness.parser(
+        __doc__,
+        messages=harness.messages(100_000, "per path"),
+        size=harness.SIZE,
+        batches=(harness.batch_list, (1, 10, 100), "e.g. 1,10,100"),
+        concurrency=(harness.positive_int, 2, "delivery processes"),
+        batch1_messages=(harness.positive_int, None, "messages at batch size 1 (default N)"),
+        isolation=(bool, True, "time poison isolation at batch 10 and 100 (default: on)"),
+    ).parse_args(argv)
     args.batch1_messages = args.batch1_messages or args.messages
     return Options(**vars(args))
 

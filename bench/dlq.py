@@ -37,7 +37,9 @@ TABLE = "\n".join(
 
 
 def parse_args(argv: Sequence[str] | None) -> int:
-    return int(harness.parser(__doc__, messages=100_000).parse_args(argv).messages)
+    return int(
+        harness.parser(__doc__, messages=harness.messages(100_000)).parse_args(argv).messages
+    )
 
 
 def dead_letter(total: int) -> None:

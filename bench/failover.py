@@ -115,19 +115,20 @@ class Options:
 def parse_args(argv: Sequence[str] | None) -> Options:
     from rig.ha import INTERVAL, TIMEOUT
 
-    parser = harness.parser(__doc__)
-    parser.add_argument("--runs", type=harness.positive_int, default=RUNS, help="failovers")
-    parser.add_argument(
-        "--timeout",
-        type=harness.positive_float,
-        default=TIMEOUT,
-        help=f"HA_HEARTBEAT_TIMEOUT of the nodes (default: rig.ha's, {TIMEOUT:g} s)",
-    )
-    parser.add_argument(
-        "--interval",
-        type=harness.positive_float,
-        default=INTERVAL,
-        help=f"HA_HEARTBEAT_INTERVAL of the nodes (default: rig.ha's, {INTERVAL:g} s)",
+    default = "of the nodes (default: rig.ha's, {:g} s)"
+    parser = harness.parser(
+        __doc__,
+        runs=(harness.positive_int, RUNS, "failovers"),
+        timeout=(
+            harness.positive_float,
+            TIMEOUT,
+            "HA_HEARTBEAT_TIMEOUT " + default.format(TIMEOUT),
+        ),
+        interval=(
+            harness.positive_float,
+            INTERVAL,
+            "HA_HEARTBEAT_INTERVAL " + default.format(INTERVAL),
+        ),
     )
     parser.add_argument(
         "--fault", choices=sorted(FAULTS), default="crash", help="what happens to the primary"

@@ -250,42 +250,35 @@ def system_list(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = harness.parser(__doc__, messages=100_000, messages_help="per run (default 100000)")
-    parser.add_argument(
-        "--batches", type=harness.batch_list, default=(100, 10, 1), help="default 100,10,1"
-    )
-    parser.add_argument(
-        "--systems",
-        type=system_list,
-        default=tuple(SYSTEMS),
-        help=f"comma list, default {','.join(SYSTEMS)}",
-    )
-    parser.add_argument(
-        "--batch1-messages",
-        type=harness.positive_int,
-        help=f"messages at batch 1 (default {DEFAULT_BATCH1_MESSAGES} or N if fewer)",
-    )
-    parser.add_argument(
-        "--procrastinate-messages",
-        type=harness.positive_int,
-        help=f"default {DEFAULT_PROCRASTINATE_MESSAGES} or N if fewer",
-    )
-    parser.add_argument(
-        "--celery-redis-messages",
-        type=harness.positive_int,
-        help=f"default {DEFAULT_CELERY_REDIS_MESSAGES} or N if fewer",
-    )
-    args = parser.parse_args(argv)
-    return Options(
-        messages=args.messages,
-        batches=args.batches,
-        systems=args.systems,
-        batch1_messages=args.batch1_messages or min(DEFAULT_BATCH1_MESSAGES, args.messages),
-        procrastinate_messages=args.procrastinate_messages
-        or min(DEFAULT_PROCRASTINATE_MESSAGES, args.messages),
-        celery_redis_messages=args.celery_redis_messages
-        or min(DEFAULT_CELERY_REDIS_MESSAGES, args.messages),
-    )
+    slow = {
+        "batch1_messages": DEFAULT_BATCH1_MESSAGES,
+        "procrastinate_messages": DEFAULT_PROCRASTINATE_MESSAGES,
+        "celery_redis_messages": DEFAULT_CELERY_REDIS_MESSAGES,
+    }
+    args = harness.parser(
+        __doc__,
+        messages=harness.messages(100_000, "per run (default 100000)"),
+        batches=(harness.batch_list, (100, 10, 1), "default 100,10,1"),
+        systems=(system_list, tuple(SYSTEMS), f"comma list, default {','.join(SYSTEMS)}"),
+        batch1_messages=(
+            harness.positive_int,
+            None,
+            f"messages at batch 1 (default {DEFAULT_BATCH1_MESSAGES} or N if fewer)",
+        ),
+        procrastinate_messages=(
+            harness.positive_int,
+            None,
+            f"default {DEFAULT_PROCRASTINATE_MESSAGES} or N if fewer",
+        ),
+        celery_redis_messages=(
+            harness.positive_int,
+            None,
+            f"default {DEFAULT_CELERY_REDIS_MESSAGES} or N if fewer",
+        ),
+    ).parse_args(argv)
+    for name, default in slow.items():
+        setattr(args, name, getattr(args, name) or min(default, args.messages))
+    return Options(**vars(args))
 
 
 # --- the peers' venv -------------------------------------------------------------------

@@ -57,23 +57,12 @@ class Workload:
     messages: list[NewMessage]
 
 
-@dataclass(frozen=True)
-class Result:
-    path: str
-    seconds: float
-    messages: int
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
-
-
 def parse_args(argv: Sequence[str] | None) -> Options:
     options = harness.parser(
-        __doc__, messages=100_000, messages_help="messages per path", size=True
-    )
-    options.add_argument(
-        "--batch", type=harness.positive_int, default=1000, help="messages per call (<=1000)"
+        __doc__,
+        messages=harness.messages(100_000, "messages per path"),
+        size=harness.SIZE,
+        batch=(harness.positive_int, 1000, "messages per call (<=1000)"),
     )
     args = options.parse_args(argv)
     if args.batch > 1000:
@@ -333,7 +322,7 @@ PATHS: tuple[BenchPath, ...] = (
 # --- driver and report --------------------------------------------------------
 
 
-def run_all(options: Options, bench_url: str) -> list[Result]:
+def run_all(options: Options, bench_url: str) -> list[harness.Timed]:
     harness.setup_django(bench_url)
     payload = harness.make_payload(options.size)
     work = Workload(
@@ -350,12 +339,12 @@ def run_all(options: Options, bench_url: str) -> list[Result]:
         seconds = path.run(work, target)
         for queue in path.queues(target):
             verify(queue, options.messages, path.name)
-        results.append(Result(path=path.name, seconds=seconds, messages=options.messages))
+        results.append(harness.Timed(path.name, seconds, options.messages))
     return results
 
 
-def summary(options: Options, results: list[Result]) -> dict[str, Any]:
-    rates = {result.path: result.rate for result in results}
+def summary(options: Options, results: list[harness.Timed]) -> dict[str, Any]:
+    rates = {result.name: result.rate for result in results}
     ratios = {
         f"{path}_vs_{base}": round(rates[path] / rates[base], 3) for path, base in BASELINES.items()
     }
@@ -370,8 +359,8 @@ def summary(options: Options, results: list[Result]) -> dict[str, Any]:
     }
 
 
-def print_report(options: Options, results: list[Result]) -> None:
-    rates = {result.path: result.rate for result in results}
+def print_report(options: Options, results: list[harness.Timed]) -> None:
+    rates = {result.name: result.rate for result in results}
     harness.title(
         f"publish bench: {options.messages} messages of {options.size} bytes "
         f"in batches of {options.batch}, one queue per path",
@@ -382,10 +371,10 @@ def print_report(options: Options, results: list[Result]) -> None:
     )
     rows = []
     for result in results:
-        row = [result.path, f"{result.seconds:.2f}", f"{result.rate:.0f}"]
-        if (baseline := BASELINES.get(result.path)) is not None:
+        row = [result.name, f"{result.seconds:.2f}", f"{result.rate:.0f}"]
+        if (baseline := BASELINES.get(result.name)) is not None:
             ratio = result.rate / rates[baseline]
-            target = TARGETS.get(f"{result.path}_vs_{baseline}")
+            target = TARGETS.get(f"{result.name}_vs_{baseline}")
             row += [
                 f"{ratio:.2f}",
                 baseline,
@@ -397,8 +386,7 @@ def print_report(options: Options, results: list[Result]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
-    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.main(argv, parse_args, run_all, print_report)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,9 @@ from typing import Any
 import psycopg
 
 from bench import _harness as harness
+from bench import _spark
 from bench._celery import private_redis
 from bench._loaders import copy_batch, dead_letter_queue, replay_undo
-from bench._spark import (
-    DRIVER_ENV,
-    JDBC_APPLICATION,
-    Sampler,
-    spark_config,
-    spark_environment,
-    stdout_to_stderr,
-    vacuum,
-)
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGIN = "BENCH.REPLAY.ORIGIN"
@@ -95,17 +87,6 @@ class Setup:
 
 
 @dataclass(frozen=True)
-class Result:
-    way: str
-    seconds: float
-    messages: int
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
-
-
-@dataclass(frozen=True)
 class SparkTimes:
     """The Spark way's clock, in seconds from the launch. ``ready`` is when
     the driver stored its Spark application id (the job row's heartbeat of
@@ -132,26 +113,23 @@ class SparkTimes:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    options = harness.parser(__doc__, messages=1_000_000, messages_help="dead letters", size=True)
-    options.add_argument(
-        "--partitions", type=harness.positive_int, help="LAZARETTO_SPARK_PARTITIONS for the driver"
-    )
-    options.add_argument(
-        "--slice-rows", type=harness.positive_int, help="LAZARETTO_REPLAY_SLICE_ROWS for the driver"
-    )
-    options.add_argument(
-        "--spark-timeout",
-        type=harness.positive_int,
-        default=SPARK_TIMEOUT_SECONDS,
-        help=f"cancel the replay job and fail past this many seconds (default {SPARK_TIMEOUT_SECONDS})",
-    )
-    options.add_argument(
-        "--orm-sample",
-        type=harness.positive_int,
-        default=ORM_SAMPLE,
-        help=f"messages the ORM loop moves (default {ORM_SAMPLE}, at most N)",
-    )
-    args = options.parse_args(argv)
+    args = harness.parser(
+        __doc__,
+        messages=harness.messages(1_000_000, "dead letters"),
+        size=harness.SIZE,
+        partitions=_spark.PARTITIONS,
+        slice_rows=(harness.positive_int, None, "LAZARETTO_REPLAY_SLICE_ROWS for the driver"),
+        spark_timeout=(
+            harness.positive_int,
+            SPARK_TIMEOUT_SECONDS,
+            f"cancel the replay job and fail past this many seconds (default {SPARK_TIMEOUT_SECONDS})",
+        ),
+        orm_sample=(
+            harness.positive_int,
+            ORM_SAMPLE,
+            f"messages the ORM loop moves (default {ORM_SAMPLE}, at most N)",
+        ),
+    ).parse_args(argv)
     args.orm_sample = min(args.orm_sample, args.messages)
     return Options(**vars(args))
 
@@ -162,7 +140,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 def driver_environment(redis_url: str) -> None:
     """After Django has started here: what only the driver process sees."""
     os.environ["CELERY_BROKER_URL"] = redis_url
-    os.environ.update(DRIVER_ENV)
+    os.environ.update(_spark.DRIVER_ENV)
 
 
 # --- watching the replay job ---------------------------------------------------------
@@ -174,14 +152,14 @@ def classify_replay(application: str, query: str) -> str | None:
         return "replay_insert"
     if text.startswith("INSERT INTO BROKER_REPLAYSTAGE"):
         return "stage_load"
-    if application == JDBC_APPLICATION:
+    if application == _spark.JDBC_APPLICATION:
         return "jdbc_read" if text.startswith("SELECT") else "jdbc_other"
     if text.startswith(("SELECT COUNT(*)", "DELETE FROM BROKER_REPLAYSTAGE")):
         return "driver_sql"
     return None
 
 
-class JobWatch(Sampler):
+class JobWatch(_spark.Sampler):
     """A Sampler that also follows the replay job's row: when the driver
     stored its Spark application id, and its progress for the log."""
 
@@ -245,7 +223,7 @@ def reset(setup: Setup) -> None:
     """Delete what a way wrote (copies, replay jobs and their ledger), then
     VACUUM ANALYZE and CHECKPOINT, so every way starts from the same tables."""
     replay_undo(setup.bench_url, setup.origin_id)
-    vacuum(setup.bench_url)
+    _spark.vacuum(setup.bench_url)
     harness.checkpoint()
 
 
@@ -266,7 +244,7 @@ def verify(setup: Setup, expected: int, way: str) -> None:
 # --- way a: one INSERT ... SELECT ------------------------------------------------------
 
 
-def run_insert_select(setup: Setup) -> Result:
+def run_insert_select(setup: Setup) -> harness.Timed:
     with psycopg.connect(setup.bench_url, autocommit=True) as conn:
         started = time.perf_counter()
         with conn.transaction():
@@ -275,13 +253,13 @@ def run_insert_select(setup: Setup) -> Result:
     if written != setup.messages:
         raise harness.BenchError(f"insert_select: wrote {written} of {setup.messages}")
     verify(setup, setup.messages, "insert_select")
-    return Result("insert_select", seconds, written)
+    return harness.Timed("insert_select", seconds, written)
 
 
 # --- way b: the Spark replay job --------------------------------------------------------
 
 
-def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
+def run_spark(setup: Setup, timeout: float) -> tuple[harness.Timed, SparkTimes]:
     from broker.models import ReplayJobStatus, ReplaySource
     from broker.pipeline.replay import replay_job_submit
     from broker.pipeline.selection import ReplaySpec
@@ -295,7 +273,7 @@ def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
     launched = time.time()
     started = time.perf_counter()
     try:
-        with stdout_to_stderr():
+        with _spark.stdout_to_stderr():
             ended = replay_job_launch(job.id)
     finally:
         seconds = harness.since(started)
@@ -340,13 +318,13 @@ def run_spark(setup: Setup, timeout: float) -> tuple[Result, SparkTimes]:
     harness.log(
         f"spark: sampled database time (s): {db_seconds}; longest (s): {times.longest_seconds}"
     )
-    return Result("spark", seconds, ended.written), times
+    return harness.Timed("spark", seconds, ended.written), times
 
 
 # --- way c: a naive ORM loop ------------------------------------------------------------
 
 
-def run_orm(setup: Setup, sample: int) -> Result:
+def run_orm(setup: Setup, sample: int) -> harness.Timed:
     """Row by row, as a naive script would: read the dead letters, and for
     each create its copy on the original queue, each in its own transaction
     (autocommit). The queue is looked up once per name. DEBUG off, as in
@@ -375,7 +353,7 @@ def run_orm(setup: Setup, sample: int) -> Result:
             )
     seconds = harness.since(started)
     verify(setup, sample, "orm")
-    return Result("orm", seconds, sample)
+    return harness.Timed("orm", seconds, sample)
 
 
 # --- driver and report --------------------------------------------------------------------
@@ -383,7 +361,7 @@ def run_orm(setup: Setup, sample: int) -> Result:
 
 @dataclass
 class Figures:
-    results: dict[str, Result] = field(default_factory=dict)
+    results: dict[str, harness.Timed] = field(default_factory=dict)
     spark: SparkTimes | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -394,7 +372,7 @@ def run_all(options: Options, bench_url: str) -> Figures:
         tempfile.TemporaryDirectory(prefix="bench-archive-") as archive,
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
     ):
-        spark_environment(
+        _spark.spark_environment(
             bench_url,
             Path(archive),
             LAZARETTO_SPARK_PARTITIONS=options.partitions,
@@ -403,7 +381,7 @@ def run_all(options: Options, bench_url: str) -> Figures:
         harness.setup_django(bench_url)
         with private_redis(Path(directory)) as redis_server:
             driver_environment(redis_server.url)
-            figures.config = spark_config()
+            figures.config = _spark.spark_config()
             harness.log(f"spark settings: {figures.config}")
             harness.log(
                 f"setup: dead-lettering {options.messages} messages of {options.size} bytes"
@@ -544,8 +522,7 @@ def print_targets(options: Options, figures: Figures) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = parse_args(argv)
-    return harness.run_bench(lambda bench_url: print_report(options, run_all(options, bench_url)))
+    return harness.main(argv, parse_args, run_all, print_report)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ var/bench/soak-<UTC>.json and var/bench/soak-latest.json.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import dataclasses
 import math
@@ -136,40 +135,37 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
-    parser = harness.parser(__doc__)
-    parser.add_argument(
-        "--minutes", type=harness.positive_float, default=10.0, help="steady phase (default 10)"
+    minutes = harness.positive_float
+    parser = harness.parser(
+        __doc__,
+        size=harness.SIZE,
+        minutes=(minutes, 10.0, "steady phase (default 10)"),
+        rate=(
+            minutes,
+            None,
+            "publish this many msgs/s instead of 70 %% of the measured drain rate",
+        ),
+        idle_minutes=(
+            minutes,
+            3.0,
+            "idle transaction held open after the steady phase (default 3)",
+        ),
+        recovery_minutes=(
+            minutes,
+            2.0,
+            "publishing on after the idle transaction ends (default 2)",
+        ),
+        drain_messages=(
+            harness.positive_int,
+            DRAIN_MESSAGES,
+            f"messages drained to measure the drain rate (default {DRAIN_MESSAGES})",
+        ),
+        drain_while_publishing=(
+            bool,
+            True,
+            "base the rate on the drain measured while publishing (default: on)",
+        ),
     )
-    parser.add_argument(
-        "--rate",
-        type=harness.positive_float,
-        help="publish this many msgs/s instead of 70 %% of the measured drain rate",
-    )
-    parser.add_argument(
-        "--idle-minutes",
-        type=harness.positive_float,
-        default=3.0,
-        help="idle transaction held open after the steady phase (default 3)",
-    )
-    parser.add_argument(
-        "--recovery-minutes",
-        type=harness.positive_float,
-        default=2.0,
-        help="publishing on after the idle transaction ends (default 2)",
-    )
-    parser.add_argument(
-        "--drain-messages",
-        type=harness.positive_int,
-        default=DRAIN_MESSAGES,
-        help=f"messages drained to measure the drain rate (default {DRAIN_MESSAGES})",
-    )
-    parser.add_argument(
-        "--drain-while-publishing",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="base the rate on the drain measured while publishing (default: on)",
-    )
-    parser.add_argument("--size", type=harness.positive_int, default=1024, help="payload bytes")
     args = parser.parse_args(argv)
     least_steady = 2 * WINDOW_SECONDS
     if args.minutes * 60 < least_steady:
