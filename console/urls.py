@@ -20,6 +20,9 @@ from console.views import (
     users,
 )
 
+MESSAGE = "messages/<int:message_id>/"
+DLQ = "dead-letters/<path:name>/"
+
 urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
     path("topics/", topics.topics, name="topics"),
@@ -35,19 +38,13 @@ urlpatterns = [
     path("queues/<path:name>/purge/", queues.queue_purge_view, name="queue-purge"),
     path("queues/<path:name>/", queues.queue_detail, name="queue"),
     path("messages/", messages.message_list, name="messages"),
-    path("messages/<int:message_id>/", messages.message_detail, name="message"),
-    path("messages/<int:message_id>/payload/", messages.message_payload, name="message-payload"),
-    path("messages/<int:message_id>/dump/", messages.message_dump, name="message-dump"),
-    path(
-        "messages/<int:message_id>/release/", messages.message_release_view, name="message-release"
-    ),
-    path("messages/<int:message_id>/fail/", messages.message_fail_view, name="message-fail"),
-    path("messages/<int:message_id>/purge/", messages.message_purge_view, name="message-purge"),
-    path(
-        "messages/<int:message_id>/resubmit/",
-        messages.message_resubmit_view,
-        name="message-resubmit",
-    ),
+    path(MESSAGE, messages.message_detail, name="message"),
+    path(f"{MESSAGE}payload/", messages.message_payload, name="message-payload"),
+    path(f"{MESSAGE}dump/", messages.message_dump, name="message-dump"),
+    path(f"{MESSAGE}release/", messages.message_release_view, name="message-release"),
+    path(f"{MESSAGE}fail/", messages.message_fail_view, name="message-fail"),
+    path(f"{MESSAGE}purge/", messages.message_purge_view, name="message-purge"),
+    path(f"{MESSAGE}resubmit/", messages.message_resubmit_view, name="message-resubmit"),
     path("blacklist/", blacklist.blacklist, name="blacklist"),
     path("blacklist/bulk/", blacklist.blacklist_bulk, name="blacklist-bulk"),
     path("jobs/<int:job_id>/", blacklist.bulk_job_page, name="bulk-job"),
@@ -69,33 +66,17 @@ urlpatterns = [
     path("ha/resolve/", ha.ha_resolve_view, name="ha-resolve"),
     path("ha/exports/<int:export_id>/republish/", ha.ha_republish_view, name="ha-republish"),
     path("dead-letters/", dead_letters.dead_letter_queues, name="dead-letter-queues"),
-    path("dead-letters/<path:name>/rules/", dead_letters.rules_editor, name="rules-editor"),
+    path(f"{DLQ}rules/", dead_letters.rules_editor, name="rules-editor"),
+    path(f"{DLQ}rules/rollback/", dead_letters.rules_rollback, name="rules-rollback"),
+    path(f"{DLQ}rules/<int:version>/", dead_letters.rules_version, name="rules-version"),
+    path(f"{DLQ}rules/<int:version>/activate/", dead_letters.rules_activate, name="rules-activate"),
+    path(f"{DLQ}apply/", dead_letters.dead_letter_apply_rules, name="dead-letter-apply"),
     path(
-        "dead-letters/<path:name>/rules/rollback/",
-        dead_letters.rules_rollback,
-        name="rules-rollback",
-    ),
-    path(
-        "dead-letters/<path:name>/rules/<int:version>/",
-        dead_letters.rules_version,
-        name="rules-version",
-    ),
-    path(
-        "dead-letters/<path:name>/rules/<int:version>/activate/",
-        dead_letters.rules_activate,
-        name="rules-activate",
-    ),
-    path(
-        "dead-letters/<path:name>/apply/",
-        dead_letters.dead_letter_apply_rules,
-        name="dead-letter-apply",
-    ),
-    path(
-        "dead-letters/<path:name>/messages/<int:message_id>/<str:verb>/",
+        f"{DLQ}messages/<int:message_id>/<str:verb>/",
         dead_letters.dead_letter_act,
         name="dead-letter-act",
     ),
-    path("dead-letters/<path:name>/", dead_letters.dead_letter_queue, name="dead-letter-queue"),
+    path(DLQ, dead_letters.dead_letter_queue, name="dead-letter-queue"),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),

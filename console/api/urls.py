@@ -1,4 +1,5 @@
-from django.urls import path, register_converter
+from django.urls import URLPattern, path, register_converter
+from django.views import View
 
 from console.api import (
     archive,
@@ -31,61 +32,52 @@ class NameConverter:
 
 register_converter(NameConverter, "name")
 
+
+def actions(
+    prefix: str, view: type[View], name: str, operations: tuple[str, ...]
+) -> list[URLPattern]:
+    """One route per operation of an action view: ``<prefix><operation>/``."""
+    return [
+        path(f"{prefix}{operation}/", view.as_view(operation=operation), name=f"{name}-{operation}")
+        for operation in operations
+    ]
+
+
+QUEUE = "queues/<name:name>/"
+MESSAGE = "messages/<int:message_id>/"
+DLQ = "dead-letter-queues/<name:name>/"
+RULE_TABLE = "rule-tables/<int:table_id>/"
+REPLAY_JOB = "replay-jobs/<int:job_id>/"
+
 urlpatterns = [
     path("queues/", queues.QueueListView.as_view(), name="api-queues"),
     # Actions on a queue come before the queue itself: "A/pause/" is queue A's
     # pause, not a queue named "A/pause".
-    path(
-        "queues/<name:name>/pause/",
-        queues.QueuePauseView.as_view(paused=True),
-        name="api-queue-pause",
-    ),
-    path(
-        "queues/<name:name>/resume/",
-        queues.QueuePauseView.as_view(paused=False),
-        name="api-queue-resume",
-    ),
-    path("queues/<name:name>/purge/", queues.QueuePurgeView.as_view(), name="api-queue-purge"),
+    path(f"{QUEUE}pause/", queues.QueuePauseView.as_view(paused=True), name="api-queue-pause"),
+    path(f"{QUEUE}resume/", queues.QueuePauseView.as_view(paused=False), name="api-queue-resume"),
+    path(f"{QUEUE}purge/", queues.QueuePurgeView.as_view(), name="api-queue-purge"),
     # Queue names may contain '/', so the name is a path segment run; the
     # messages route comes first so "A/B/messages/" means queue "A/B".
-    path(
-        "queues/<name:name>/messages/",
-        messages.QueueMessagesView.as_view(),
-        name="api-queue-messages",
-    ),
-    path("queues/<name:name>/", queues.QueueDetailView.as_view(), name="api-queue"),
+    path(f"{QUEUE}messages/", messages.QueueMessagesView.as_view(), name="api-queue-messages"),
+    path(QUEUE, queues.QueueDetailView.as_view(), name="api-queue"),
     path("messages/", triage.MessageListView.as_view(), name="api-messages"),
     path("messages/bulk/", triage.BulkJobCreateView.as_view(), name="api-messages-bulk"),
-    path("messages/<int:message_id>/", messages.MessageDetailView.as_view(), name="api-message"),
-    *(
-        path(
-            f"messages/<int:message_id>/{action}/",
-            triage.MessageActionView.as_view(operation=action),
-            name=f"api-message-{action}",
-        )
-        for action in ("release", "fail", "purge", "retry", "discard")
+    path(MESSAGE, messages.MessageDetailView.as_view(), name="api-message"),
+    *actions(
+        MESSAGE,
+        triage.MessageActionView,
+        "api-message",
+        ("release", "fail", "purge", "retry", "discard"),
     ),
-    path(
-        "messages/<int:message_id>/forward/",
-        triage.MessageForwardView.as_view(),
-        name="api-message-forward",
-    ),
-    path(
-        "messages/<int:message_id>/resubmit/",
-        triage.MessageResubmitView.as_view(),
-        name="api-message-resubmit",
-    ),
+    path(f"{MESSAGE}forward/", triage.MessageForwardView.as_view(), name="api-message-forward"),
+    path(f"{MESSAGE}resubmit/", triage.MessageResubmitView.as_view(), name="api-message-resubmit"),
     path("jobs/<int:job_id>/", triage.JobDetailView.as_view(), name="api-job"),
     path(
-        "dead-letter-queues/<name:name>/apply/",
+        f"{DLQ}apply/",
         dead_letters.DeadLetterApplyView.as_view(),
         name="api-dead-letter-queue-apply",
     ),
-    path(
-        "dead-letter-queues/<name:name>/",
-        dead_letters.DeadLetterQueueView.as_view(),
-        name="api-dead-letter-queue",
-    ),
+    path(DLQ, dead_letters.DeadLetterQueueView.as_view(), name="api-dead-letter-queue"),
     path("audit/", audit.AuditListView.as_view(), name="api-audit"),
     path("archive/", archive.ArchiveSearchView.as_view(), name="api-archive"),
     path("tokens/", tokens.TokenListView.as_view(), name="api-tokens"),
@@ -96,41 +88,28 @@ urlpatterns = [
     ),
     path("topics/<name:name>/", topics.TopicDetailView.as_view(), name="api-topic"),
     path("subscriptions/", topics.SubscriptionListView.as_view(), name="api-subscriptions"),
+    path(
+        "subscriptions/<name:name>/",
+        topics.SubscriptionDetailView.as_view(),
+        name="api-subscription",
+    ),
     path("rule-tables/", rule_tables.RuleTableListView.as_view(), name="api-rule-tables"),
     path(
         "rule-tables/rollback/",
         rule_tables.RuleTableRollbackView.as_view(),
         name="api-rule-table-rollback",
     ),
-    path(
-        "rule-tables/<int:table_id>/",
-        rule_tables.RuleTableDetailView.as_view(),
-        name="api-rule-table",
-    ),
-    *(
-        path(
-            f"rule-tables/<int:table_id>/{action}/",
-            rule_tables.RuleTableActionView.as_view(operation=action),
-            name=f"api-rule-table-{action}",
-        )
-        for action in ("validate", "dry-run", "activate")
+    path(RULE_TABLE, rule_tables.RuleTableDetailView.as_view(), name="api-rule-table"),
+    *actions(
+        RULE_TABLE,
+        rule_tables.RuleTableActionView,
+        "api-rule-table",
+        ("validate", "dry-run", "activate"),
     ),
     path("replay-jobs/", replay.ReplayJobListView.as_view(), name="api-replay-jobs"),
     path("replay-jobs/preview/", replay.ReplayPreviewView.as_view(), name="api-replay-job-preview"),
-    path("replay-jobs/<int:job_id>/", replay.ReplayJobDetailView.as_view(), name="api-replay-job"),
-    *(
-        path(
-            f"replay-jobs/<int:job_id>/{action}/",
-            replay.ReplayJobActionView.as_view(operation=action),
-            name=f"api-replay-job-{action}",
-        )
-        for action in ("cancel", "run")
-    ),
-    path(
-        "subscriptions/<name:name>/",
-        topics.SubscriptionDetailView.as_view(),
-        name="api-subscription",
-    ),
+    path(REPLAY_JOB, replay.ReplayJobDetailView.as_view(), name="api-replay-job"),
+    *actions(REPLAY_JOB, replay.ReplayJobActionView, "api-replay-job", ("cancel", "run")),
     path("ha/", ha.HaView.as_view(), name="api-ha"),
     path("ha/switchover/", ha.HaSwitchoverView.as_view(), name="api-ha-switchover"),
     path("ha/resolve/", ha.HaResolveView.as_view(), name="api-ha-resolve"),
