@@ -99,7 +99,9 @@ fmt: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-run: venv services
+# run-ha is the same with an HA pair of broker nodes on this machine: node A
+# owns the project cluster, node B clones a second one (scripts/run-ha.sh).
+run run-ha: venv services
 	@$(load_env)
 	export PORT="$(PORT)"
 	# The demo's handlers (demo_consumers), unless the caller names modules.
@@ -108,19 +110,7 @@ run: venv services
 	bash scripts/spark.sh
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
-	exec scripts/run.sh
-
-# The same as run, with an HA pair of broker nodes on this machine: node A
-# owns the project cluster, node B clones a second one (scripts/run-ha.sh).
-run-ha: venv services
-	@$(load_env)
-	export PORT="$(PORT)"
-	export LAZARETTO_CONSUMER_MODULES="$${LAZARETTO_CONSUMER_MODULES:-demo_consumers}"
-	set -x
-	bash scripts/spark.sh
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py demo
-	exec scripts/run-ha.sh
+	exec scripts/$@.sh
 
 bench: venv services
 	@$(load_env)

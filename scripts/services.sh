@@ -57,6 +57,10 @@ die() {
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
 
+# shellcheck source=scripts/lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+APT_LOG="$LOG_DIR/apt.log"
+
 repo_hash() { printf '%s' "$REPO" | sha1sum | cut -c1-10; }
 
 # ---------------------------------------------------------------- helpers
@@ -107,33 +111,6 @@ pid_alive() {
 }
 
 random_hex() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
-
-# apt_install PKG...: install Debian packages without starting their system services.
-apt_install() {
-    is_root || die "$* is missing and we are not root; install it (apt-get install $*) and retry"
-    command -v apt-get >/dev/null 2>&1 || die "$* is missing and apt-get is not available; install it and retry"
-    local policy=/usr/sbin/policy-rc.d created_policy=0 rc=0
-    if [ ! -e "$policy" ]; then
-        # Keep the package's postinst from starting a system-wide service (and from
-        # failing where no init system runs): we start our own instance.
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod 755 "$policy"
-        created_policy=1
-    fi
-    msg "installing $* with apt-get (one-time)"
-    {
-        apt-get update -q &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
-    } >>"$LOG_DIR/apt.log" 2>&1 || rc=$?
-    if [ "$rc" -ne 0 ]; then
-        # A postinst that failed (e.g. no init system) leaves packages unconfigured; retry.
-        DEBIAN_FRONTEND=noninteractive dpkg --configure -a >>"$LOG_DIR/apt.log" 2>&1 || true
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" \
-            >>"$LOG_DIR/apt.log" 2>&1 && rc=0 || rc=$?
-    fi
-    if [ "$created_policy" -eq 1 ]; then rm -f "$policy"; fi
-    [ "$rc" -eq 0 ] || die "apt-get install $* failed (exit $rc); see var/log/apt.log"
-}
 
 # ---------------------------------------------------------------- PostgreSQL
 
