@@ -107,6 +107,22 @@ def _source(message_id: int) -> Message:
     return message
 
 
+def _forwarded(
+    message_id: int, target: Queue, actor: Actor, reason: str, details: dict[str, Any]
+) -> Message:
+    """The audit event of an operator's forward (or retry) of one message,
+    and the message as it is now."""
+    audit_record(
+        action="message_forward",
+        actor=actor,
+        queue_name=target.name,
+        message_id=message_id,
+        reason=reason,
+        details=details,
+    )
+    return Message.objects.select_related("queue").get(id=message_id)
+
+
 @transaction.atomic
 def message_forward(
     *,
@@ -122,15 +138,9 @@ def message_forward(
     source = _source(message_id).queue.name
     if not messages_forward(message_ids=[message_id], target=target, keep_header=keep_header):
         refuse(T.FORWARD, message_id=message_id)
-    audit_record(
-        action="message_forward",
-        actor=actor,
-        queue_name=target.name,
-        message_id=message_id,
-        reason=reason,
-        details={"from": source, "keep_header": keep_header},
+    return _forwarded(
+        message_id, target, actor, reason, {"from": source, "keep_header": keep_header}
     )
-    return Message.objects.select_related("queue").get(id=message_id)
 
 
 @transaction.atomic
@@ -145,15 +155,8 @@ def message_retry(*, message_id: int, actor: Actor = None, reason: str = "") -> 
     target = _target(original)
     if not messages_retry_dead_lettered(message_ids=[message_id], target=target):
         refuse(T.RETRY_DEAD_LETTER, message_id=message_id)
-    audit_record(
-        action="message_forward",
-        actor=actor,
-        queue_name=target.name,
-        message_id=message_id,
-        reason=reason,
-        details={"from": message.queue.name, "keep_header": True, "retry": True},
-    )
-    return Message.objects.select_related("queue").get(id=message_id)
+    details = {"from": message.queue.name, "keep_header": True, "retry": True}
+    return _forwarded(message_id, target, actor, reason, details)
 
 
 @transaction.atomic
