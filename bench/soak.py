@@ -471,6 +471,8 @@ def build_samples(
         windows, readings[:-1], readings[1:], latencies, strict=True
     ):
         seconds = after.t - before.t
+        figures: dict[str, Any] = {name: getattr(after, name) for name in READING_FIELDS}
+        figures.update(latency_ms(values))
         samples.append(
             Sample(
                 t=round(window.end, 3),
@@ -478,20 +480,17 @@ def build_samples(
                 phase=window.phase,
                 published_per_s=round((after.published - before.published) / seconds, 1),
                 acked_per_s=round((after.acked - before.acked) / seconds, 1),
-                **latency_ms(values),
                 latency_samples=len(values),
-                dead_tuples=after.dead_tuples,
-                live_tuples=after.live_tuples,
-                table_bytes=after.table_bytes,
-                backlog=after.backlog,
-                loadavg_1m=after.loadavg_1m,
-                relations=after.relations,
+                **figures,
             )
         )
     return samples
 
 
 # --- readings ----------------------------------------------------------------------------
+
+# What a sample takes from the reading at its window's end.
+READING_FIELDS = ["dead_tuples", "live_tuples", "table_bytes", "backlog", "loadavg_1m", "relations"]
 
 
 @dataclass(frozen=True)
@@ -1086,14 +1085,7 @@ def record_soak(
         sampler.stopping.set()
         sampler.join()
         check()
-    return Recorded(
-        layout=layout,
-        readings=readings,
-        started_epoch=started_epoch,
-        published=published,
-        backlog_drained_s=backlog_drained_s,
-        task_errors=tasks.errors,
-    )
+    return Recorded(layout, readings, started_epoch, published, backlog_drained_s, tasks.errors)
 
 
 def sampler_figures(sampler: LatencySampler) -> dict[str, Any]:
