@@ -31,32 +31,46 @@ def rules_v1(db) -> None:
     rule_table_create(queue=Queue.objects.get(name=DLQ), text="ACTION(IGNORE)\n")
 
 
+# What the 404 page says, and the requests it says it to.
+MISSING = {
+    "There is no queue named 'NOPE'.": [
+        "GET /queues/NOPE/",
+        "GET /queues/NOPE/limits/",
+        "POST /queues/NOPE/settings/",
+        "POST /queues/NOPE/pause/",
+        "POST /queues/NOPE/purge/",
+        "GET /dead-letters/NOPE/",
+    ],
+    "There is no message 999999.": [
+        "GET /messages/999999/",
+        "GET /messages/999999/payload/",
+        "GET /messages/999999/dump/",
+        "GET /messages/999999/resubmit/",
+    ],
+    "There is no subscription named 'NOPE'.": [
+        "GET /subscriptions/NOPE/",
+        "POST /subscriptions/NOPE/delete/",
+    ],
+    "ORDERS.IN is not a dead-letter queue.": [
+        "GET /dead-letters/ORDERS.IN/",
+        "GET /dead-letters/ORDERS.IN/rules/",
+        "POST /dead-letters/ORDERS.IN/rules/rollback/",
+        "POST /dead-letters/ORDERS.IN/apply/",
+    ],
+    f"{DLQ} has no rules table version 7.": [
+        f"GET /dead-letters/{DLQ}/rules/7/",
+        f"POST /dead-letters/{DLQ}/rules/7/activate/",
+    ],
+    "There is no job 999999.": ["GET /jobs/999999/"],
+}
+
+
 @pytest.mark.parametrize(
     ("method", "path", "said"),
     [
-        ("get", "/queues/NOPE/", "There is no queue named 'NOPE'."),
-        ("get", "/queues/NOPE/limits/", "There is no queue named 'NOPE'."),
-        ("post", "/queues/NOPE/settings/", "There is no queue named 'NOPE'."),
-        ("post", "/queues/NOPE/pause/", "There is no queue named 'NOPE'."),
-        ("post", "/queues/NOPE/purge/", "There is no queue named 'NOPE'."),
-        ("get", "/messages/999999/", "There is no message 999999."),
-        ("get", "/messages/999999/payload/", "There is no message 999999."),
-        ("get", "/messages/999999/dump/", "There is no message 999999."),
-        ("get", "/messages/999999/resubmit/", "There is no message 999999."),
-        ("get", "/subscriptions/NOPE/", "There is no subscription named 'NOPE'."),
-        ("post", "/subscriptions/NOPE/delete/", "There is no subscription named 'NOPE'."),
-        ("get", "/dead-letters/NOPE/", "There is no queue named 'NOPE'."),
-        ("get", "/dead-letters/ORDERS.IN/", "ORDERS.IN is not a dead-letter queue."),
-        ("get", "/dead-letters/ORDERS.IN/rules/", "ORDERS.IN is not a dead-letter queue."),
-        (
-            "post",
-            "/dead-letters/ORDERS.IN/rules/rollback/",
-            "ORDERS.IN is not a dead-letter queue.",
-        ),
-        ("post", "/dead-letters/ORDERS.IN/apply/", "ORDERS.IN is not a dead-letter queue."),
-        ("get", f"/dead-letters/{DLQ}/rules/7/", f"{DLQ} has no rules table version 7."),
-        ("post", f"/dead-letters/{DLQ}/rules/7/activate/", f"{DLQ} has no rules table version 7."),
-        ("get", "/jobs/999999/", "There is no job 999999."),
+        (method.lower(), path, said)
+        for said, requests in MISSING.items()
+        for method, path in map(str.split, requests)
     ],
 )
 def test_whatever_is_missing_is_the_404_page_saying_what(
