@@ -7,13 +7,16 @@ fall back to a default.
 
 import os
 import re
+from collections.abc import Callable
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+N = TypeVar("N", int, float)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -115,28 +118,24 @@ def env_file(name: str, default: Path, base: Path) -> Path:
 
 
 def env_int(name: str, default: int, minimum: int = 1) -> int:
-    value = _raw(name)
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise _bad(name, value, "a whole number") from None
-    if number < minimum:
-        raise _bad(name, value, f"a whole number of at least {minimum}")
-    return number
+    return _number(name, default, minimum, int, "a whole number")
 
 
 def env_float(name: str, default: float, minimum: float = 0.05) -> float:
+    return _number(name, default, minimum, float, "a number")
+
+
+def _number(name: str, default: N, minimum: N, parse: Callable[[str], N], kind: str) -> N:
+    """``name``'s value read by ``parse``, at least ``minimum`` (not NaN)."""
     value = _raw(name)
     if not value:
         return default
     try:
-        number = float(value)
+        number = parse(value)
     except ValueError:
-        raise _bad(name, value, "a number") from None
+        raise _bad(name, value, kind) from None
     if not number >= minimum:
-        raise _bad(name, value, f"a number of at least {minimum}")
+        raise _bad(name, value, f"{kind} of at least {minimum}")
     return number
 
 

@@ -48,6 +48,10 @@ MESSAGE = "messages/<int:message_id>/"
 DLQ = "dead-letter-queues/<name:name>/"
 RULE_TABLE = "rule-tables/<int:table_id>/"
 REPLAY_JOB = "replay-jobs/<int:job_id>/"
+TOPIC = "topics/<name:name>/"
+SUBSCRIPTION = "subscriptions/<name:name>/"
+EXPORT = "ha/exports/<int:export_id>/"
+RULE_TABLE_ACTIONS = ("validate", "dry-run", "activate")
 
 urlpatterns = [
     path("queues/", queues.QueueListView.as_view(), name="api-queues"),
@@ -83,16 +87,10 @@ urlpatterns = [
     path("tokens/", tokens.TokenListView.as_view(), name="api-tokens"),
     path("tokens/<int:token_id>/", tokens.TokenDetailView.as_view(), name="api-token"),
     path("topics/", topics.TopicListView.as_view(), name="api-topics"),
-    path(
-        "topics/<name:name>/messages/", topics.TopicPublishView.as_view(), name="api-topic-publish"
-    ),
-    path("topics/<name:name>/", topics.TopicDetailView.as_view(), name="api-topic"),
+    path(f"{TOPIC}messages/", topics.TopicPublishView.as_view(), name="api-topic-publish"),
+    path(TOPIC, topics.TopicDetailView.as_view(), name="api-topic"),
     path("subscriptions/", topics.SubscriptionListView.as_view(), name="api-subscriptions"),
-    path(
-        "subscriptions/<name:name>/",
-        topics.SubscriptionDetailView.as_view(),
-        name="api-subscription",
-    ),
+    path(SUBSCRIPTION, topics.SubscriptionDetailView.as_view(), name="api-subscription"),
     path("rule-tables/", rule_tables.RuleTableListView.as_view(), name="api-rule-tables"),
     path(
         "rule-tables/rollback/",
@@ -100,12 +98,7 @@ urlpatterns = [
         name="api-rule-table-rollback",
     ),
     path(RULE_TABLE, rule_tables.RuleTableDetailView.as_view(), name="api-rule-table"),
-    *actions(
-        RULE_TABLE,
-        rule_tables.RuleTableActionView,
-        "api-rule-table",
-        ("validate", "dry-run", "activate"),
-    ),
+    *actions(RULE_TABLE, rule_tables.RuleTableActionView, "api-rule-table", RULE_TABLE_ACTIONS),
     path("replay-jobs/", replay.ReplayJobListView.as_view(), name="api-replay-jobs"),
     path("replay-jobs/preview/", replay.ReplayPreviewView.as_view(), name="api-replay-job-preview"),
     path(REPLAY_JOB, replay.ReplayJobDetailView.as_view(), name="api-replay-job"),
@@ -113,9 +106,5 @@ urlpatterns = [
     path("ha/", ha.HaView.as_view(), name="api-ha"),
     path("ha/switchover/", ha.HaSwitchoverView.as_view(), name="api-ha-switchover"),
     path("ha/resolve/", ha.HaResolveView.as_view(), name="api-ha-resolve"),
-    path(
-        "ha/exports/<int:export_id>/republish/",
-        ha.HaExportRepublishView.as_view(),
-        name="api-ha-export-republish",
-    ),
+    path(f"{EXPORT}republish/", ha.HaExportRepublishView.as_view(), name="api-ha-export-republish"),
 ]
