@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from broker.ha import wire
 from rig.ha import (
     QUEUE,
     TIMEOUT,
+    Cluster,
     Pair,
     Publisher,
     WebServer,
@@ -33,7 +35,7 @@ from rig.ha import (
     shell,
     start_pair,
 )
-from rig.processes import ROOT, RedisServer, Workers, free_port, wait_until
+from rig.processes import ROOT, RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,97 +54,30 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
 def test_failover_keeps_every_acknowledged_publish_and_the_old_primary_rejoins(
     pair: Pair, tmp_path: Path
 ) -> None:
-    start_pair(pair)
-    env = pair.app_env()
-    make_queue(env)
-    web = WebServer(env, tmp_path / "web.log")
-    web.start()
-    workers = Workers(
-        tmp_path, pair.redis_url, beat=False, extra_env={"DATABASE_URL": pair.app_url}
-    )
-    workers.start()
+    web, workers = serve_the_pair(pair, tmp_path)
     publisher = Publisher(web)
     try:
         publisher.start()
         wait_until(lambda: len(publisher.acked) >= 50, timeout=60, what="publishing")
         acked_before = len(publisher.acked)
-
-        killed = time.monotonic()
-        pair.a.kill()
-        pair.a.cluster.kill()
-        pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
-        took = time.monotonic() - killed
-        # The target is the heartbeat timeout + 2 s; the status is polled
-        # every 0.1 s.
-        assert took <= TIMEOUT + 2 + 0.3, f"failover took {took:.1f}s\n{pair.logs()}"
-
+        b_takes_over_within_the_target(pair)
         wait_until(
             lambda: len(publisher.acked) >= acked_before + 30,
             timeout=60,
             what=f"publishing to resume\n{web.log.read_text()[-3000:]}",
         )
         publisher.stop()
-        stored = set(payloads_in(pair, "B"))
-        missing = [p for p in publisher.acked if p not in stored]
-        assert not missing, f"{len(missing)} acknowledged publish(es) lost: {missing[:10]}"
-
+        no_acknowledged_publish_lost(pair, publisher, "B")
         # The workers, on the new primary, deliver everything.
-        def all_delivered() -> bool:
-            [(waiting,)] = pair.b.cluster.query(
-                "SELECT count(*) FROM broker_message WHERE state <> 'DLVD'"
-            )
-            return waiting == 0
-
-        wait_until(all_delivered, timeout=90, what="every message delivered")
+        every_message_delivered(pair.b.cluster)
         delivered = {r["id"] for r in workers.records()}
         stored_ids = {row[0] for row in pair.b.cluster.query("SELECT id FROM broker_message")}
         assert stored_ids <= delivered
-
         # A comes back: it rejoins as standby; while it synchronises, a
         # configuration change is refused with the error, afterwards it works.
         pair.a.start()
-        wait_until(
-            lambda: pair.role_of(pair.a) == "synchronising",
-            timeout=60,
-            interval=0.05,
-            what=f"A synchronising\n{pair.logs()}",
-        )
-        answers: list[tuple[int, Any]] = []
-
-        def config_change() -> tuple[int, Any]:
-            name = f"HA.NEW.{len(answers)}"
-            answers.append(
-                web.request("POST", "/api/v1/queues/", {"name": name, "consumer": "noop"})
-            )
-            return answers[-1]
-
-        try:
-            refused = wait_until(
-                lambda: (lambda r: r if r[0] == 409 else None)(config_change()),
-                timeout=30,
-                interval=0.05,
-                what="a configuration change refused",
-            )
-        except AssertionError as error:
-            raise AssertionError(
-                f"{error}: {answers[:3]} … {answers[-3:]}\n{pair.logs()}"
-            ) from None
-        assert refused[1]["code"] == "ha_synchronising"
-        assert "synchronisation" in refused[1]["detail"]
-        pair.wait_roles({"A": "standby", "B": "primary"}, timeout=90)
-        wait_until(
-            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
-            timeout=30,
-            what="synchronous again",
-        )
-        wait_until(
-            lambda: web.request(
-                "POST", "/api/v1/queues/", {"name": "HA.AFTER", "consumer": "noop"}
-            )[0]
-            == 201,
-            timeout=10,
-            what="the configuration change to go through",
-        )
+        a_configuration_change_is_refused_while_a_synchronises(pair, web)
+        a_configuration_change_goes_through_once_synchronous(pair, web)
         [(epoch,)] = pair.b.cluster.query("SELECT epoch FROM broker_hapair")
         kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
         assert "failover" in kinds
@@ -153,6 +88,107 @@ def test_failover_keeps_every_acknowledged_publish_and_the_old_primary_rejoins(
         publisher.stopping.set()
         workers.stop()
         web.stop()
+
+
+def b_takes_over_within_the_target(pair: Pair) -> None:
+    """A's node and server killed, B is primary within the heartbeat
+    timeout + 2 s (the status is polled every 0.1 s)."""
+    killed = time.monotonic()
+    pair.a.kill()
+    pair.a.cluster.kill()
+    pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 20)
+    took = time.monotonic() - killed
+    assert took <= TIMEOUT + 2 + 0.3, f"failover took {took:.1f}s\n{pair.logs()}"
+
+
+def no_acknowledged_publish_lost(pair: Pair, publisher: Publisher, cluster_name: str) -> list[str]:
+    """The payloads stored on ``cluster_name``, every acknowledged one among them."""
+    stored = payloads_in(pair, cluster_name)
+    missing = [p for p in publisher.acked if p not in set(stored)]
+    assert not missing, f"{len(missing)} acknowledged publish(es) lost: {missing[:10]}"
+    return stored
+
+
+def every_message_delivered(cluster: Cluster) -> None:
+    def all_delivered() -> bool:
+        [(waiting,)] = cluster.query("SELECT count(*) FROM broker_message WHERE state <> 'DLVD'")
+        return waiting == 0
+
+    wait_until(all_delivered, timeout=90, what="every message delivered")
+
+
+def a_configuration_change_is_refused_while_a_synchronises(pair: Pair, web: WebServer) -> None:
+    wait_until(
+        lambda: pair.role_of(pair.a) == "synchronising",
+        timeout=60,
+        interval=0.05,
+        what=f"A synchronising\n{pair.logs()}",
+    )
+    answers: list[tuple[int, Any]] = []
+
+    def config_change() -> tuple[int, Any]:
+        name = f"HA.NEW.{len(answers)}"
+        answers.append(web.request("POST", "/api/v1/queues/", {"name": name, "consumer": "noop"}))
+        return answers[-1]
+
+    try:
+        refused = wait_until(
+            lambda: (lambda r: r if r[0] == 409 else None)(config_change()),
+            timeout=30,
+            interval=0.05,
+            what="a configuration change refused",
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {answers[:3]} … {answers[-3:]}\n{pair.logs()}") from None
+    assert refused[1]["code"] == "ha_synchronising"
+    assert "synchronisation" in refused[1]["detail"]
+
+
+def a_configuration_change_goes_through_once_synchronous(pair: Pair, web: WebServer) -> None:
+    pair.wait_roles({"A": "standby", "B": "primary"}, timeout=90)
+    synchronous_again(pair, timeout=30)
+    wait_until(
+        lambda: web.request("POST", "/api/v1/queues/", {"name": "HA.AFTER", "consumer": "noop"})[0]
+        == 201,
+        timeout=10,
+        what="the configuration change to go through",
+    )
+
+
+def synchronous_again(pair: Pair, timeout: float, what: str = "synchronous again") -> None:
+    wait_until(
+        lambda: (pair.b.status() or {}).get("mode") == "synchronous", timeout=timeout, what=what
+    )
+
+
+@contextmanager
+def publishing(pair: Pair, tmp_path: Path) -> Iterator[Publisher]:
+    """The pair started, the test queue made, gunicorn on the pair and a
+    publisher through it with 30 publishes acknowledged; stopped at the end."""
+    start_pair(pair)
+    env = pair.app_env()
+    make_queue(env)
+    web = WebServer(env, tmp_path / "web.log")
+    web.start()
+    publisher = Publisher(web)
+    try:
+        publisher.start()
+        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
+        yield publisher
+    finally:
+        publisher.stopping.set()
+        web.stop()
+
+
+@contextmanager
+def probing(pair: Pair) -> Iterator[WritableProbe]:
+    """A probe, from now on, of whether both servers take writes at once."""
+    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
+    try:
+        probe.start()
+        yield probe
+    finally:
+        probe.stopping.set()
 
 
 def test_a_second_node_of_a_live_name_refuses_to_start(pair: Pair) -> None:
@@ -179,15 +215,7 @@ def test_a_second_node_of_a_live_name_refuses_to_start(pair: Pair) -> None:
 
 
 def test_switchover_under_traffic_loses_nothing(pair: Pair, tmp_path: Path) -> None:
-    start_pair(pair)
-    env = pair.app_env()
-    make_queue(env)
-    web = WebServer(env, tmp_path / "web.log")
-    web.start()
-    publisher = Publisher(web)
-    try:
-        publisher.start()
-        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
+    with publishing(pair, tmp_path) as publisher:
         done = pair.a.manage("broker_node", "switchover", "--address", pair.a.address)
         assert done.returncode == 0, done.stderr + pair.logs()
         pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
@@ -202,9 +230,6 @@ def test_switchover_under_traffic_loses_nothing(pair: Pair, tmp_path: Path) -> N
         assert len(stored) <= len(publisher.acked) + publisher.failures
         kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
         assert "switchover" in kinds
-    finally:
-        publisher.stopping.set()
-        web.stop()
 
 
 def test_a_stale_primary_runs_no_duty(pair: Pair, tmp_path: Path) -> None:
@@ -364,19 +389,12 @@ def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself
         reader.start()
         time.sleep(1)
 
-        pair.a.signal(signal.SIGSTOP)
-        frozen = pair.a.cluster.freeze()
-        try:
-            time.sleep(3 * TIMEOUT)
-        finally:
-            pair.a.cluster.thaw(frozen)
-            pair.a.signal(signal.SIGCONT)
-        thawed = time.monotonic()
+        thawed = a_frozen_for(pair, 3 * TIMEOUT)
         assert pair.role_of(pair.b) == "primary", pair.logs()
 
         pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
-        wait_until(
-            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
+        synchronous_again(
+            pair,
             timeout=max(1.0, 60 - (time.monotonic() - thawed)),
             what=f"synchronous again\n{pair.logs()}",
         )
@@ -391,25 +409,12 @@ def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself
         assert reader.longest_gap <= TIMEOUT + 2 + 1, (
             f"reads stopped for {reader.longest_gap:.1f} s"
         )
-        assert reader.refusals, "the API never answered 503 during the freeze"
-        assert {status for status, _, _ in reader.refusals} == {503}, reader.refusals[:5]
-        assert {body["code"] for _, body, _ in reader.refusals} == {"store_unavailable"}
-        assert max(took for _, _, took in reader.refusals) <= TIMEOUT + 2
-
-        stored = payloads_in(pair, "B")
-        missing = [p for p in publisher.acked if p not in set(stored)]
-        assert not missing, f"{len(missing)} acknowledged publish(es) lost: {missing[:10]}"
+        reads_were_refused_store_unavailable_and_never_hung(reader)
+        stored = no_acknowledged_publish_lost(pair, publisher, "B")
         assert payloads_in(pair, "A") == stored or set(payloads_in(pair, "A")) >= set(
             publisher.acked
         )
-
-        def all_delivered() -> bool:
-            [(waiting,)] = pair.b.cluster.query(
-                "SELECT count(*) FROM broker_message WHERE state <> 'DLVD'"
-            )
-            return waiting == 0
-
-        wait_until(all_delivered, timeout=90, what="every message delivered")
+        every_message_delivered(pair.b.cluster)
         kinds = [row[0] for row in pair.b.cluster.query("SELECT kind FROM broker_haevent")]
         assert "failover" in kinds
         # A rejoined by pg_rewind onto B's new timeline, not by a fresh copy:
@@ -424,6 +429,26 @@ def test_a_frozen_primary_fails_over_answers_503_meanwhile_and_rejoins_by_itself
         web.stop()
 
 
+def a_frozen_for(pair: Pair, seconds: float) -> float:
+    """A's node and every process of its server stopped for ``seconds``,
+    then resumed; the time they resumed."""
+    pair.a.signal(signal.SIGSTOP)
+    frozen = pair.a.cluster.freeze()
+    try:
+        time.sleep(seconds)
+    finally:
+        pair.a.cluster.thaw(frozen)
+        pair.a.signal(signal.SIGCONT)
+    return time.monotonic()
+
+
+def reads_were_refused_store_unavailable_and_never_hung(reader: Unavailability) -> None:
+    assert reader.refusals, "the API never answered 503 during the freeze"
+    assert {status for status, _, _ in reader.refusals} == {503}, reader.refusals[:5]
+    assert {body["code"] for _, body, _ in reader.refusals} == {"store_unavailable"}
+    assert max(took for _, _, took in reader.refusals) <= TIMEOUT + 2
+
+
 def test_a_killed_primary_server_restarts_in_place_and_the_standby_never_races_it(
     pair: Pair, tmp_path: Path
 ) -> None:
@@ -431,17 +456,7 @@ def test_a_killed_primary_server_restarts_in_place_and_the_standby_never_races_i
     server and stays primary; the standby, hearing a live
     node that rediscovers its role, does not take over, so at no moment do
     both servers take writes. Each restart opens a new epoch of A's."""
-    start_pair(pair)
-    env = pair.app_env()
-    make_queue(env)
-    web = WebServer(env, tmp_path / "web.log")
-    web.start()
-    publisher = Publisher(web)
-    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
-    try:
-        publisher.start()
-        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
-        probe.start()
+    with publishing(pair, tmp_path) as publisher, probing(pair) as probe:
         [(epoch,)] = pair.a.cluster.query("SELECT epoch FROM broker_hapair")
         for _ in range(2):
             pair.a.cluster.kill()
@@ -464,10 +479,6 @@ def test_a_killed_primary_server_restarts_in_place_and_the_standby_never_races_i
         ]
         stored = set(payloads_in(pair, "A"))
         assert set(publisher.acked) <= stored
-    finally:
-        publisher.stopping.set()
-        probe.stopping.set()
-        web.stop()
 
 
 def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
@@ -477,28 +488,14 @@ def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
     store silent for the heartbeat timeout, kills the server and asks the
     synchronous standby to take over under the epoch; the frozen server never
     takes a write again before it has rejoined as a standby."""
-    start_pair(pair)
-    env = pair.app_env()
-    make_queue(env)
-    web = WebServer(env, tmp_path / "web.log")
-    web.start()
-    publisher = Publisher(web)
-    probe = WritableProbe(pair.a.cluster, pair.b.cluster)
-    try:
-        publisher.start()
-        wait_until(lambda: len(publisher.acked) >= 30, timeout=60, what="publishing")
-        probe.start()
+    with publishing(pair, tmp_path) as publisher, probing(pair) as probe:
         frozen = pair.a.cluster.freeze()
         try:
             pair.wait_roles({"B": "primary"}, timeout=TIMEOUT + 10)
         finally:
             pair.a.cluster.thaw(frozen)
         pair.wait_roles({"A": "standby", "B": "primary"}, timeout=60)
-        wait_until(
-            lambda: (pair.b.status() or {}).get("mode") == "synchronous",
-            timeout=60,
-            what="synchronous again",
-        )
+        synchronous_again(pair, timeout=60)
         acked = len(publisher.acked)
         wait_until(lambda: len(publisher.acked) >= acked + 10, timeout=30, what="publishing")
         publisher.stop()
@@ -509,10 +506,6 @@ def test_a_frozen_primary_server_is_stopped_by_its_node_which_hands_over(
         assert set(publisher.acked) <= stored
         details = [r[0] for r in pair.b.cluster.query("SELECT detail FROM broker_haevent")]
         assert any("handed over" in detail for detail in details), details
-    finally:
-        publisher.stopping.set()
-        probe.stopping.set()
-        web.stop()
 
 
 def test_a_node_restarted_with_another_secret_causes_no_failover(pair: Pair) -> None:
