@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
-from broker.models import Message, MessageState
+from broker.models import Message, MessageState, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from rig.processes import wait_until
+from rig.processes import Workers, wait_until
 
 pytestmark = pytest.mark.slow
 S = MessageState
@@ -24,42 +24,13 @@ KILL_FOR = 30.0
 
 
 def test_random_kills_lose_nothing_and_blacklist_only_the_poison(start_workers):
-    # Every message takes 20 ms, so 4 processes need about 25 s: the kills land
-    # on real deliveries. Small batches and a crash threshold of 3: a random
-    # kill may also hit an innocent suspect while it is delivered alone, and an
-    # innocent should need a third such coincidence to be blacklisted.
-    queue = queue_create(
-        name="CHAOS.Q",
-        consumer="demo",
-        batch_size=5,
-        crash_threshold=3,
-        suspect_delay_seconds=0.02,
-    )
+    queue = chaos_queue()
     workers = start_workers(concurrency=4)
     poison_at = {1234, 3456}
-    ids: list[int] = []
-    for start in range(0, MESSAGES, 1000):
-        ids += messages_publish(
-            queue_name=queue.name,
-            messages=[
-                NewMessage(
-                    payload=b"CRASH" if n in poison_at else f"m{n}".encode(),
-                    headers={"sleep-seconds": "0.02"},
-                )
-                for n in range(start, start + 1000)
-            ],
-        )
+    ids = published_with_poison_at(queue, poison_at)
     poison = {ids[n] for n in poison_at}
 
-    kills = 0
-    started = time.monotonic()
-    rng = random.Random(7)
-    while time.monotonic() - started < KILL_FOR:
-        time.sleep(KILL_EVERY)
-        pool = workers.delivery_processes()
-        if pool:
-            os.kill(rng.choice(pool), signal.SIGKILL)
-            kills += 1
+    kills = delivery_processes_killed_at_random(workers)
 
     wait_until(
         lambda: Message.objects.filter(
@@ -88,3 +59,46 @@ def test_random_kills_lose_nothing_and_blacklist_only_the_poison(start_workers):
     assert kills >= 14
     # A duplicate only for a message that was in flight when its worker died.
     assert duplicated <= crashed
+
+
+def chaos_queue() -> Queue:
+    """Every message takes 20 ms, so 4 processes need about 25 s: the kills
+    land on real deliveries. Small batches and a crash threshold of 3: a
+    random kill may also hit an innocent suspect while it is delivered alone,
+    and an innocent should need a third such coincidence to be blacklisted."""
+    return queue_create(
+        name="CHAOS.Q", consumer="demo", batch_size=5, crash_threshold=3, suspect_delay_seconds=0.02
+    )
+
+
+def published_with_poison_at(queue: Queue, poison_at: set[int]) -> list[int]:
+    """MESSAGES messages of 20 ms each, published 1,000 at a time; those at
+    the positions ``poison_at`` crash their worker."""
+    ids: list[int] = []
+    for start in range(0, MESSAGES, 1000):
+        ids += messages_publish(
+            queue_name=queue.name,
+            messages=[
+                NewMessage(
+                    payload=b"CRASH" if n in poison_at else f"m{n}".encode(),
+                    headers={"sleep-seconds": "0.02"},
+                )
+                for n in range(start, start + 1000)
+            ],
+        )
+    return ids
+
+
+def delivery_processes_killed_at_random(workers: Workers) -> int:
+    """A delivery process SIGKILLed every KILL_EVERY seconds for KILL_FOR
+    seconds; how many were killed."""
+    kills = 0
+    started = time.monotonic()
+    rng = random.Random(7)
+    while time.monotonic() - started < KILL_FOR:
+        time.sleep(KILL_EVERY)
+        pool = workers.delivery_processes()
+        if pool:
+            os.kill(rng.choice(pool), signal.SIGKILL)
+            kills += 1
+    return kills
