@@ -67,15 +67,10 @@ def test_the_browser_filters_by_state_reason_header_text_and_time(viewer, orders
 
 
 @pytest.mark.parametrize(
-    ("filters", "field"),
-    [
-        ({"since": "yesterday"}, "since"),
-        ({"header": "region"}, "header"),
-        ({"state": "DONE"}, "state"),
-    ],
+    ("field", "value"), [("since", "yesterday"), ("header", "region"), ("state", "DONE")]
 )
-def test_bad_filters_are_shown_beside_their_field(viewer, orders, filters, field):
-    html = logged_in(viewer).get("/messages/", filters).content.decode()
+def test_bad_filters_are_shown_beside_their_field(viewer, orders, field, value):
+    html = logged_in(viewer).get("/messages/", {field: value}).content.decode()
 
     assert re.search(rf'id="id_{field}-error">[^<]+<', html)
     assert "Fix the filters above." in html

@@ -98,15 +98,11 @@ def test_bad_subscription_input_is_shown_beside_its_field_and_changes_nothing(
 
 
 @pytest.mark.parametrize(
-    ("data", "field"),
-    [
-        ({"topic_string": "orders//x"}, "topic_string"),
-        ({"topic_string": "a/+"}, "topic_string"),
-        ({"name": "ORDERS"}, "name"),
-    ],
+    ("field", "value"), [("topic_string", "orders//x"), ("topic_string", "a/+"), ("name", "ORDERS")]
 )
-def test_bad_topic_input_is_shown_beside_its_field(admin, orders_topic, data, field):
-    response = logged_in(admin).post("/topics/new/", {"name": "NEW", "topic_string": "new", **data})
+def test_bad_topic_input_is_shown_beside_its_field(admin, orders_topic, field, value):
+    form = {"name": "NEW", "topic_string": "new", field: value}
+    response = logged_in(admin).post("/topics/new/", form)
 
     assert error_beside(response.content.decode(), field)
     assert Topic.objects.count() == 1
