@@ -163,10 +163,14 @@ def drop_database(maintenance_url: str, name: str = BENCH_DB) -> None:
         )
 
 
-def create_database(maintenance_url: str) -> None:
-    drop_database(maintenance_url)
+def create_database(
+    maintenance_url: str, name: str = BENCH_DB, *, template: str | None = None
+) -> None:
+    """Database ``name`` anew: empty, or a copy of ``template``."""
+    drop_database(maintenance_url, name)
+    copy = sql.SQL(" TEMPLATE {}").format(sql.Identifier(template)) if template else sql.SQL("")
     with psycopg.connect(maintenance_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(name), copy))
 
 
 def read_durability(url: str) -> dict[str, str]:
@@ -191,17 +195,13 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {platform.system()} {platform.machine()}"
 
 
-def describe_durability(durability: dict[str, str]) -> str:
-    """``postgresql: durable (fsync on, synchronous_commit on, full_page_writes on)``"""
-    settings = ", ".join(f"{name} {durability[name]}" for name in DURABILITY_SETTINGS)
-    return f"postgresql: {durability['profile']} ({settings})"
-
-
 def record_environment(durability: dict[str, str]) -> None:
     """Keep ``durability`` for the JSON line and print the environment line."""
     DURABILITY.clear()
     DURABILITY.update(durability)
-    print(f"{describe_durability(DURABILITY)} on {machine()}", flush=True)
+    settings = ", ".join(f"{name} {durability[name]}" for name in DURABILITY_SETTINGS)
+    # postgresql: durable (fsync on, synchronous_commit on, full_page_writes on) on 2 CPUs, ...
+    print(f"postgresql: {durability['profile']} ({settings}) on {machine()}", flush=True)
 
 
 def setup_django(bench_url: str) -> None:

@@ -1,10 +1,8 @@
 """Archive throughput: delivered messages past their retention moved from
 PostgreSQL to Parquet by the archive's Spark job, in rows per second.
 
-``python -m bench.archive --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. Afterwards PostgreSQL must
-hold none of the messages and the Parquet files under a temporary
-ARCHIVE_DIR every one, once, or the bench fails.
+Afterwards PostgreSQL must hold none of the messages and the Parquet files
+under a temporary ARCHIVE_DIR every one, once, or the bench fails.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Console page times on a big table: the real pages beside the same data
 read with COUNT(*) and OFFSET pagination.
 
-``python -m bench.console --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. The naive side times the SQL
-alone, without rendering, so its ratio understates the naive page's cost.
+The naive side times the SQL alone, without rendering, so its ratio
+understates the naive page's cost.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 fast a killed worker's batch goes back to TBDL, and how long isolating a
 poison message keeps its innocent batch-mates waiting.
 
-``python -m bench.deliver --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. The Celery processes, the
-private redis-server and the delivery checks are bench/_celery.py's, which
-bench.peers and bench.soak run Lazaretto with too.
+The Celery processes, the private redis-server and the delivery checks are
+bench/_celery.py's, which bench.peers and bench.soak run Lazaretto with too.
 """
 
 from __future__ import annotations
@@ -26,22 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from bench import _celery
 from bench import _harness as harness
-from bench._celery import (
-    CHECK_TASKS_SECONDS,
-    WORKER_ENV,
-    Bench,
-    celery_processes,
-    check_tasks,
-    claim_and_ack,
-    flush_redis,
-    make_queue,
-    new_message,
-    private_redis,
-    publish_messages,
-    run_celery,
-    verify_delivered,
-)
 from bench._loaders import PUT_APPLICATION, PUT_USER
 
 if TYPE_CHECKING:
@@ -198,7 +182,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     return Options(**vars(args))
 
 
-def run_bare(bench: Bench, queue: Queue) -> float:
+def run_bare(bench: _celery.Bench, queue: Queue) -> float:
     """Drain the queue with the service's claim and ack statements on a bare
     psycopg connection: no lease lock, queue lookup, handler or Django."""
     from broker.services.delivery import worker_name
@@ -213,7 +197,7 @@ def run_bare(bench: Bench, queue: Queue) -> float:
     delivered = 0
     with psycopg.connect(bench.bench_url, autocommit=True) as conn:
         started = time.perf_counter()
-        while batch := claim_and_ack(conn, claim):
+        while batch := _celery.claim_and_ack(conn, claim):
             delivered += batch
         seconds = harness.since(started)
     harness.log(f"bare: {delivered} messages in {seconds:.2f}s")
@@ -223,21 +207,21 @@ def run_bare(bench: Bench, queue: Queue) -> float:
 # --- one batch size -----------------------------------------------------------------
 
 
-def run_batch(bench: Bench, batch: int, count: int) -> BatchResult:
-    message = new_message(bench.payload)
+def run_batch(bench: _celery.Bench, batch: int, count: int) -> BatchResult:
+    message = _celery.new_message(bench.payload)
     # consumer "" : no worker or dispatcher ever touches the bare path's queue.
-    bare_queue = make_queue(
+    bare_queue = _celery.make_queue(
         f"BENCH.DELIVER.BARE.{batch}", consumer="", batch_size=batch, size=bench.size
     )
     harness.log(f"batch {batch}: publishing {count} messages to {bare_queue.name}")
-    publish_messages(bare_queue, message, count)
+    _celery.publish_messages(bare_queue, message, count)
     harness.checkpoint()
     bare_seconds = run_bare(bench, bare_queue)
-    verify_delivered(bare_queue, count, f"bare {batch}")
+    _celery.verify_delivered(bare_queue, count, f"bare {batch}")
 
     # Published paused, and the publish wake-ups dropped: nothing is delivered
     # while the Celery processes boot (their start-up would compete for the CPUs).
-    queue = make_queue(
+    queue = _celery.make_queue(
         f"BENCH.DELIVER.CELERY.{batch}",
         consumer="noop",
         batch_size=batch,
@@ -245,11 +229,11 @@ def run_batch(bench: Bench, batch: int, count: int) -> BatchResult:
         paused=True,
     )
     harness.log(f"batch {batch}: publishing {count} messages to {queue.name}")
-    publish_messages(queue, message, count)
-    flush_redis(bench.redis)
+    _celery.publish_messages(queue, message, count)
+    _celery.flush_redis(bench.redis)
     harness.checkpoint()
-    celery_seconds, wake = run_celery(bench, queue, count)
-    verify_delivered(queue, count, f"celery {batch}")
+    celery_seconds, wake = _celery.run_celery(bench, queue, count)
+    _celery.verify_delivered(queue, count, f"celery {batch}")
     return BatchResult(batch, count, bare_seconds, celery_seconds, wake)
 
 
@@ -295,16 +279,16 @@ def kill_and_watch(conn: psycopg.Connection[Any], queue: Queue, pid: int, ids: l
     return seconds
 
 
-def kill_once(bench: Bench, workers: Workers, index: int, sweep_interval: float) -> float:
+def kill_once(bench: _celery.Bench, workers: Workers, index: int, sweep_interval: float) -> float:
     """Seconds from SIGKILL of the process delivering a batch to its messages
     being TBDL again. The kill waits a random part of a sweep interval first:
     publishing right after the previous run's sweep (or beat's first tick)
     would otherwise always kill just after a sweep, the worst case."""
-    queue = make_queue(
+    queue = _celery.make_queue(
         f"BENCH.DELIVER.KILL.{index}", consumer="demo", batch_size=KILL_BATCH, size=1024
     )
-    message = new_message(b"bench kill-to-TBDL", {"sleep-seconds": KILL_SLEEP_SECONDS})
-    publish_messages(queue, message, KILL_BATCH)
+    message = _celery.new_message(b"bench kill-to-TBDL", {"sleep-seconds": KILL_SLEEP_SECONDS})
+    _celery.publish_messages(queue, message, KILL_BATCH)
     with psycopg.connect(bench.bench_url, autocommit=True) as conn:
         owner, ids = harness.wait_for(
             lambda: leased_batch(conn, queue.id),
@@ -319,14 +303,14 @@ def kill_once(bench: Bench, workers: Workers, index: int, sweep_interval: float)
     return seconds
 
 
-def run_kill(bench: Bench) -> KillResult:
+def run_kill(bench: _celery.Bench) -> KillResult:
     from django.conf import settings
 
     interval = settings.LAZARETTO_SWEEP_INTERVAL_SECONDS
-    flush_redis(bench.redis)
+    _celery.flush_redis(bench.redis)
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
-        celery_processes(bench, Path(directory)) as workers,
+        _celery.celery_processes(bench, Path(directory)) as workers,
     ):
         runs = [kill_once(bench, workers, index, interval) for index in range(1, KILL_RUNS + 1)]
     return KillResult(runs=runs, sweep_interval=interval)
@@ -347,7 +331,7 @@ def publish_case(case: IsolationCase) -> tuple[Queue, list[int], list[int]]:
     ids = messages_publish(
         queue_name=queue.name,
         messages=[
-            new_message(POISON_PAYLOAD if index in positions else INNOCENT_PAYLOAD)
+            _celery.new_message(POISON_PAYLOAD if index in positions else INNOCENT_PAYLOAD)
             for index in range(case.batch)
         ],
         put_user=PUT_USER,
@@ -400,8 +384,8 @@ def wait_isolated(
                 f"isolation {case.key}: no message changed state for "
                 f"{ISOLATION_STALL_SECONDS:.0f}s: innocent {innocent}, poison {poison}"
             )
-        if now - checked > CHECK_TASKS_SECONDS:
-            check_tasks(workers)
+        if now - checked > _celery.CHECK_TASKS_SECONDS:
+            _celery.check_tasks(workers)
             checked = now
         time.sleep(ISOLATION_POLL_SECONDS)
 
@@ -456,17 +440,17 @@ def isolate_once(
     return result
 
 
-def run_isolation(bench: Bench) -> list[IsolationResult]:
+def run_isolation(bench: _celery.Bench) -> list[IsolationResult]:
     """Every isolation case in turn, on one set of Celery processes running
     the product's default sweep and dispatch intervals."""
-    flush_redis(bench.redis)
+    _celery.flush_redis(bench.redis)
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
-        celery_processes(bench, Path(directory), ISOLATION_ENV) as workers,
+        _celery.celery_processes(bench, Path(directory), ISOLATION_ENV) as workers,
     ):
         results = [isolate_once(conn, workers, case) for case in ISOLATION_CASES]
-        check_tasks(workers)
+        _celery.check_tasks(workers)
     return results
 
 
@@ -485,9 +469,9 @@ def run_all(options: Options, bench_url: str) -> Figures:
     harness.setup_django(bench_url)
     with (
         tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
-        private_redis(Path(directory)) as redis_server,
+        _celery.private_redis(Path(directory)) as redis_server,
     ):
-        bench = Bench(
+        bench = _celery.Bench(
             bench_url,
             redis_server,
             harness.make_payload(options.size),
@@ -561,7 +545,7 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
             for result in results
         },
         "celery_clock": "first claim after unpausing (workers ready) to all DLVD",
-        "worker_debug": WORKER_ENV["DEBUG"] == "1",
+        "worker_debug": _celery.WORKER_ENV["DEBUG"] == "1",
         "kill_to_tbdl_s": {
             "median": round(kill.median, 3),
             "max": round(kill.max, 3),

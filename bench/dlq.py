@@ -1,8 +1,5 @@
 """Dead-letter handling: messages handled per second by a 20-rule table, and
 the rules matcher alone in rule checks per second.
-
-``python -m bench.dlq --help`` lists the options; bench/README.md says what
-is measured and how to read the figures.
 """
 
 from __future__ import annotations

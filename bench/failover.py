@@ -1,13 +1,11 @@
 """HA failover: how long the pair takes to fail over when its primary dies,
 and whether any acknowledged publish is lost.
 
-``python -m bench.failover --help`` lists the options and the faults;
-bench/README.md says what is measured and how to read the figures. The pair
-is rig.ha's, started for real in temporary directories: DATABASE_URL and
-CELERY_BROKER_URL are not used. Each run injects the fault into the
-primary, times the failover, ends the fault and waits for the old primary
-to rejoin as standby; the next run hits the other node. At the end every
-publish answered 201 must be in the final primary's store.
+The pair is rig.ha's, started for real in temporary directories:
+DATABASE_URL and CELERY_BROKER_URL are not used. Each run injects the fault
+into the primary, times the failover, ends the fault and waits for the old
+primary to rejoin as standby; the next run hits the other node. At the end
+every publish answered 201 must be in the final primary's store.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Lazaretto beside its peers: delivery throughput of Lazaretto, the bare
 claim+ack loop, PGMQ, PgQueuer, Procrastinate and Celery with Redis alone.
 
-``python -m bench.peers --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. One system at a time, on a
-fresh database per run; the peers run in var/peers-venv. The figures also
-go to var/bench/peers-<UTC>.json and var/bench/peers-latest.json.
+One system at a time, on a fresh database per run; the peers run in
+var/peers-venv. The figures also go to var/bench/peers-<UTC>.json and
+var/bench/peers-latest.json.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,20 +27,9 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import psycopg
-from psycopg import sql
 
+from bench import _celery
 from bench import _harness as harness
-from bench._celery import (
-    Bench,
-    celery_processes,
-    drain_paused_queue,
-    flush_redis,
-    make_queue,
-    new_message,
-    private_redis,
-    publish_messages,
-    verify_delivered,
-)
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
 from bench._venv import VenvError, venv_python
 
@@ -295,29 +282,17 @@ def peers_python() -> Path:
 # --- pgbench: the machine's yardstick -------------------------------------------------
 
 
-def pg_bindir() -> Path:
-    """PostgreSQL's bin directory, looked for as scripts/services.sh looks for
-    pg_ctl's, holding pgbench."""
-    candidates: list[Path] = []
-    if found := shutil.which("pg_ctl"):
-        candidates += [Path(found).resolve().parent, Path(found).parent]
-    if pg_config := shutil.which("pg_config"):
-        answer = subprocess.run(
-            [pg_config, "--bindir"], capture_output=True, text=True, check=False
-        )
-        if answer.returncode == 0 and answer.stdout.strip():
-            candidates.append(Path(answer.stdout.strip()))
+def pgbench() -> Path:
+    """pgbench, beside pg_ctl."""
+    from rig.ha import pg_bindir
 
-    def version(path: Path) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", path.parent.name))
-
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version, reverse=True)
-    for directory in candidates:
-        if (directory / "pgbench").is_file() and (directory / "pg_ctl").is_file():
-            return directory
-    raise harness.BenchError(
-        "pgbench not found beside pg_ctl (scripts/services.sh installs PostgreSQL)"
-    )
+    try:
+        found = pg_bindir() / "pgbench"
+    except AssertionError as error:
+        raise harness.BenchError(str(error)) from None
+    if not found.is_file():
+        raise harness.BenchError(f"{found} not found (scripts/services.sh installs PostgreSQL)")
+    return found
 
 
 def libpq_env(url: str, database: str) -> dict[str, str]:
@@ -337,19 +312,15 @@ def libpq_env(url: str, database: str) -> dict[str, str]:
 
 def run_pgbench(bench_url: str) -> float:
     """``pgbench -N`` TPS on its own scratch database, dropped afterwards."""
-    bindir = pg_bindir()
+    program = str(pgbench())
     database = f"{harness.BENCH_DB}_pgbench"
     _, maintenance_url = harness.database_urls(bench_url)
-    with psycopg.connect(maintenance_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    harness.create_database(maintenance_url, database)
     env = libpq_env(bench_url, database)
     try:
         harness.log(f"pgbench: initialising scale {PGBENCH_SCALE} in {database}")
         init = subprocess.run(
-            [str(bindir / "pgbench"), "-i", "-q", "-s", str(PGBENCH_SCALE)],
+            [program, "-i", "-q", "-s", str(PGBENCH_SCALE)],
             env=env,
             capture_output=True,
             text=True,
@@ -357,7 +328,7 @@ def run_pgbench(bench_url: str) -> float:
         )
         if init.returncode:
             raise harness.BenchError(f"pgbench -i failed:\n{init.stderr[-2000:]}")
-        command = [str(bindir / "pgbench"), "-N", "-c", str(PGBENCH_CLIENTS)]
+        command = [program, "-N", "-c", str(PGBENCH_CLIENTS)]
         command += ["-j", str(PGBENCH_CLIENTS), "-T", str(PGBENCH_SECONDS)]
         harness.log(f"pgbench: {' '.join(command[1:])}")
         run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -368,10 +339,7 @@ def run_pgbench(bench_url: str) -> float:
             )
         return float(found.group(1))
     finally:
-        with psycopg.connect(maintenance_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
-            )
+        harness.drop_database(maintenance_url, database)
 
 
 # --- databases ------------------------------------------------------------------------
@@ -390,16 +358,13 @@ class Context:
     # A migrated Lazaretto database that each Lazaretto or bare run is copied from.
     template: str | None = None
     redis: RedisServer | None = None
-    deliver: Bench | None = None
+    deliver: _celery.Bench | None = None
 
 
 def fresh_database(ctx: Context, *, template: str | None = None) -> None:
     """Make the bench database anew: empty, or a copy of ``template``."""
     harness.close_django()
-    harness.drop_database(ctx.maintenance_url, harness.BENCH_DB)
-    copy = sql.SQL(" TEMPLATE {}").format(sql.Identifier(template)) if template else sql.SQL("")
-    with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}{}").format(sql.Identifier(harness.BENCH_DB), copy))
+    harness.create_database(ctx.maintenance_url, template=template)
 
 
 def make_template(ctx: Context) -> str:
@@ -408,13 +373,7 @@ def make_template(ctx: Context) -> str:
     harness.setup_django(ctx.bench_url)
     harness.close_django()
     template = f"{harness.BENCH_DB}_template"
-    harness.drop_database(ctx.maintenance_url, template)
-    with psycopg.connect(ctx.maintenance_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(template), sql.Identifier(harness.BENCH_DB)
-            )
-        )
+    harness.create_database(ctx.maintenance_url, template, template=harness.BENCH_DB)
     return template
 
 
@@ -503,12 +462,6 @@ def database_work(conn: psycopg.Connection[Any]) -> Iterator[DatabaseWork]:
     work.wal_bytes = wal_written(conn) - wal
     after = server_cpu_seconds(conn)
     work.cpu_seconds = None if cpu is None or after is None else after - cpu
-
-
-def scalar(ctx: Context, query: str) -> Any:
-    with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()
-    return row[0] if row else None
 
 
 # --- worker processes ------------------------------------------------------------------
@@ -724,22 +677,22 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
     assert ctx.deliver is not None
     assert ctx.redis is not None
     fresh_database(ctx, template=ctx.template)
-    queue = make_queue(
+    queue = _celery.make_queue(
         f"BENCH.PEERS.LAZARETTO.{batch}", consumer="noop", batch_size=batch, size=SIZE, paused=True
     )
     harness.log(f"lazaretto {batch}: publishing {count} messages to {queue.name}")
-    publish_messages(queue, new_message(ctx.payload), count)
-    flush_redis(ctx.redis)
+    _celery.publish_messages(queue, _celery.new_message(ctx.payload), count)
+    _celery.flush_redis(ctx.redis)
     settle(ctx, f"lazaretto {batch}", MESSAGE_TABLES["lazaretto"])
     with (
         tempfile.TemporaryDirectory(prefix="bench-peers-", dir=ctx.directory) as directory,
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
-        celery_processes(ctx.deliver, Path(directory)) as workers,
+        _celery.celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
         with database_work(conn) as database:
-            seconds, _ = drain_paused_queue(conn, workers, queue, count)
+            seconds, _ = _celery.drain_paused_queue(conn, workers, queue, count)
         peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
-    verify_delivered(queue, count, f"lazaretto {batch}")
+    _celery.verify_delivered(queue, count, f"lazaretto {batch}")
     shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
     harness.log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
     return Measured(seconds, sum(peaks.values()), database=database)
@@ -750,9 +703,11 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
     assert batch is not None
     fresh_database(ctx, template=ctx.template)
     # consumer "": no worker or dispatcher ever touches it.
-    queue = make_queue(f"BENCH.PEERS.BARE.{batch}", consumer="", batch_size=batch, size=SIZE)
+    queue = _celery.make_queue(
+        f"BENCH.PEERS.BARE.{batch}", consumer="", batch_size=batch, size=SIZE
+    )
     harness.log(f"bare {batch}: publishing {count} messages to {queue.name}")
-    publish_messages(queue, new_message(ctx.payload), count)
+    _celery.publish_messages(queue, _celery.new_message(ctx.payload), count)
     settle(ctx, f"bare {batch}", MESSAGE_TABLES["bare"])
     command = [sys.executable, "-m", "bench._peer_bare", "--url", ctx.bench_url]
     command += ["--queue-id", str(queue.id), "--batch", str(batch)]
@@ -763,7 +718,7 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
         raise harness.BenchError(
             f"bare {batch}: the workers acknowledged {drained.acked} of {count} messages"
         )
-    verify_delivered(queue, count, f"bare {batch}")
+    _celery.verify_delivered(queue, count, f"bare {batch}")
     check = check_batches("bare", batch, batch, count, drained.fetches)
     return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
 
@@ -797,7 +752,9 @@ def run_peer(
     command = [str(ctx.peers_python), "-m", module, "work", "--url", ctx.bench_url]
     command += ["--batch", str(batch or 1)]
     drained = drain_with_workers(ctx, where.replace(" ", "-"), command)
-    remaining = scalar(ctx, remaining_sql)
+    with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
+        remaining = conn.execute(remaining_sql).fetchone()
+    remaining = remaining[0] if remaining else None
     if drained.acked != count or remaining != 0:
         raise harness.BenchError(
             f"{where}: {drained.acked} of {count} messages acknowledged, "
@@ -860,7 +817,7 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
 
     assert ctx.redis is not None
     url = ctx.redis.url
-    flush_redis(ctx.redis)
+    _celery.flush_redis(ctx.redis)
     app = make_app(url)
     payload = ctx.payload.decode()
     client = redis.Redis.from_url(url)
@@ -1133,7 +1090,7 @@ def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
         yield None
         return
     if ctx.options.needs_django:
-        with private_redis(directory) as server:
+        with _celery.private_redis(directory) as server:
             yield server
         return
     from rig.processes import RedisServer
@@ -1158,7 +1115,7 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             stack.callback(harness.drop_database, ctx.maintenance_url, ctx.template)
         ctx.redis = stack.enter_context(shared_redis(ctx, ctx.directory / "redis"))
         if ctx.redis is not None and "lazaretto" in ctx.options.systems:
-            ctx.deliver = Bench(
+            ctx.deliver = _celery.Bench(
                 ctx.bench_url, ctx.redis, ctx.payload, concurrency=WORKERS, size=SIZE
             )
         for system, batch, count in ctx.options.plan():

@@ -1,9 +1,7 @@
 """Publish throughput: bare binary COPY vs ``messages_publish`` vs the REST API.
 
-``python -m bench.publish --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. Each path writes N messages
-of SIZE bytes in batches of B into its own queue, and its row count and
-depth counter are checked afterwards.
+Each path writes N messages of SIZE bytes in batches of B into its own
+queue, and its row count and depth counter are checked afterwards.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -169,12 +166,6 @@ def api_token() -> str:
     return token_create(user=user, name="bench")[1]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def encode_bodies(payload: bytes, sizes: list[int]) -> dict[int, bytes]:
     """One JSON body per distinct batch size (every message is the same)."""
     item = {
@@ -188,6 +179,8 @@ def encode_bodies(payload: bytes, sizes: list[int]) -> dict[int, bytes]:
 @contextmanager
 def gunicorn(bench_url: str) -> Iterator[int]:
     """A gunicorn serving the project on the bench database; yields its port."""
+    from rig.processes import free_port
+
     port = free_port()
     # Served as in production: DEBUG off, so Django keeps no query log.
     # The per-token request rate is lifted: the bench measures publishing,

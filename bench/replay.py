@@ -2,10 +2,8 @@
 queue by the Spark replay job, against one INSERT ... SELECT (the machine's
 limit for the same move) and a row-by-row ORM loop (a naive script).
 
-``python -m bench.replay --help`` lists the options; bench/README.md says
-what is measured and how to read the figures. The three ways move the same
-source; between them the copies and the job ledger are deleted and the
-tables vacuumed.
+The three ways move the same source; between them the copies and the job
+ledger are deleted and the tables vacuumed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Soak: steady publishing at 70 % of the measured drain rate, then an idle
 transaction that keeps VACUUM from cleaning, then the recovery after it.
 
-``python -m bench.soak --help`` lists the options; bench/README.md says what
-is measured and how to read the figures. The base rate is the drain measured
-while publishing (idle with --no-drain-while-publishing): publishing takes
-its share of the machine, so 70 % of the idle rate would be more than it can
-deliver while it also publishes. The time series goes to
-var/bench/soak-<UTC>.json and var/bench/soak-latest.json.
+The base rate is the drain measured while publishing (idle with
+--no-drain-while-publishing): publishing takes its share of the machine, so
+70 % of the idle rate would be more than it can deliver while it also
+publishes. The time series goes to var/bench/soak-<UTC>.json and
+var/bench/soak-latest.json.
 """
 
 from __future__ import annotations
@@ -250,15 +249,10 @@ def bin_latencies(
     bins: list[list[float]] = [[] for _ in windows]
     starts = [window.start for window in windows]
     for at, seconds in acks:
-        index = _window_index(starts, at)
-        if index is not None and at < windows[index].end:
+        index = bisect.bisect_right(starts, at) - 1
+        if index >= 0 and at < windows[index].end:
             bins[index].append(seconds)
     return bins
-
-
-def _window_index(starts: Sequence[float], at: float) -> int | None:
-    index = bisect.bisect_right(starts, at) - 1
-    return index if index >= 0 else None
 
 
 def latency_ms(values: Sequence[float]) -> dict[str, float | None]:
@@ -871,16 +865,6 @@ def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
     return rate
 
 
-def vacuum_and_checkpoint(bench_url: str) -> None:
-    with psycopg.connect(bench_url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE broker_message")
-    harness.checkpoint()
-
-
-def make_soak_queue(size: int) -> Queue:
-    return _celery.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
-
-
 @dataclass
 class Clock:
     """The clock loop's view: one reading per window boundary."""
@@ -965,6 +949,15 @@ def soak_rate(options: Options, drain: Drain | None) -> float:
     raise harness.BenchError("no rate: neither --rate nor a drain measurement")
 
 
+def soak_queue(bench_url: str, size: int) -> Queue:
+    """The soak's queue, on a vacuumed and checkpointed table."""
+    queue = _celery.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE broker_message")
+    harness.checkpoint()
+    return queue
+
+
 @dataclass(frozen=True)
 class Recorded:
     """What the soak recorded while the workers ran: a reading at every
@@ -983,8 +976,7 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
     """Publish at the soak's rate through its phases, drain the backlog,
     and gather every window's figures."""
     rate = soak_rate(options, drain)
-    queue = make_soak_queue(options.size)
-    vacuum_and_checkpoint(bench.bench_url)
+    queue = soak_queue(bench.bench_url, options.size)
     windows = plan_windows(
         [
             ("steady", options.minutes * 60),
@@ -1056,7 +1048,9 @@ def record_soak(
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
         _celery.celery_processes(bench, Path(directory)),
     ):
-        layout = describe_layout(read_relations(conn))
+        relations = read_relations(conn)
+        leaves = [name for name, rel in relations.items() if rel["leaf"]]
+        layout = "plain" if len(relations) == 1 else f"partitioned ({', '.join(leaves)})"
         tasks = TaskWatch(Path(directory))
 
         def check() -> None:
@@ -1125,13 +1119,6 @@ def wait_drained(
         check()
         time.sleep(_celery.POLL_SECONDS * 10)
     return time.monotonic() - began
-
-
-def describe_layout(relations: dict[str, dict[str, Any]]) -> str:
-    leaves = [name for name, rel in relations.items() if rel["leaf"]]
-    if len(relations) == 1:
-        return "plain"
-    return "partitioned (" + ", ".join(leaves) + ")"
 
 
 def run_all(options: Options, bench_url: str) -> Run:
