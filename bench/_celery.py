@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from bench._harness import DEPTH_SQL, PRODUCTION_ENV, BenchError, batch_sizes, depths, log
+from bench._harness import (
+    DEPTH_SQL,
+    PRODUCTION_ENV,
+    BenchError,
+    batch_sizes,
+    depths,
+    log,
+    make_payload,
+    setup_django,
+)
 from bench._loaders import PUT_APPLICATION, PUT_USER
 
 if TYPE_CHECKING:
@@ -92,8 +101,9 @@ def new_message(payload: bytes, headers: dict[str, str] | None = None) -> NewMes
 
 
 @contextmanager
-def private_redis(directory: Path) -> Iterator[RedisServer]:
-    """A redis-server of our own; this process's Celery app sends its wake-ups there."""
+def private_redis(directory: Path, *, wake_ups: bool = True) -> Iterator[RedisServer]:
+    """A redis-server of our own; with ``wake_ups``, this process's Celery app
+    sends its wake-ups there (Django must be set up)."""
     from rig.processes import RedisServer, point_celery_at
 
     server = RedisServer(directory=directory)
@@ -102,10 +112,23 @@ def private_redis(directory: Path) -> Iterator[RedisServer]:
             server.start()
         except AssertionError as error:  # rig.processes' timeouts
             raise BenchError(f"redis-server: {error}") from None
-        point_celery_at(server.url)
+        if wake_ups:
+            point_celery_at(server.url)
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def started_bench(bench_url: str, size: int, concurrency: int) -> Iterator[Bench]:
+    """Django on the bench database, a private redis-server, and the Bench
+    that runs Lazaretto's workers on them with a payload of ``size`` bytes."""
+    setup_django(bench_url)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
+        private_redis(Path(directory)) as server,
+    ):
+        yield Bench(bench_url, server, make_payload(size), concurrency=concurrency, size=size)
 
 
 def flush_redis(server: RedisServer) -> None:

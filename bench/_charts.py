@@ -35,6 +35,8 @@ SOAK_FILE = "soak-latest.json"
 PEERS_PNG = "peers-throughput.png"
 SOAK_PNG = "soak.png"
 IDLE_COLOUR = "#f4c7c3"
+Samples = Sequence[dict[str, Any]]  # a soak run's windows
+Phases = dict[str, list[float]]  # {phase: [start, end]}, in seconds
 
 
 def log(text: str) -> None:
@@ -139,13 +141,13 @@ def draw_peers(peers: dict[str, Any], path: Path) -> None:
 # --- soak: the time series -----------------------------------------------------------------
 
 
-def minutes(samples: Sequence[dict[str, Any]], *, middle: bool) -> list[float]:
+def minutes(samples: Samples, *, middle: bool) -> list[float]:
     """Each sample's time in minutes: its window's middle (rates and
     latencies, which cover the window) or its end (readings taken then)."""
     return [(sample["t"] - (sample["window_s"] / 2 if middle else 0)) / 60 for sample in samples]
 
 
-def shade_idle(axes: Any, phases: dict[str, list[float]], label: bool) -> None:
+def shade_idle(axes: Any, phases: Phases, label: bool) -> None:
     if "idle_txn" in phases:
         start, end = phases["idle_txn"]
         axes.axvspan(
@@ -157,7 +159,14 @@ def shade_idle(axes: Any, phases: dict[str, list[float]], label: bool) -> None:
         )
 
 
-def leaf_relations(samples: Sequence[dict[str, Any]]) -> list[str]:
+def legend(axes: Any, twin: Any, *, loc: str) -> None:
+    """One legend for the lines of ``axes`` and of its second scale ``twin``."""
+    handles, labels = axes.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    axes.legend(handles + more, labels + more_labels, fontsize="small", loc=loc)
+
+
+def leaf_relations(samples: Samples) -> list[str]:
     relations = samples[-1].get("relations", {})
     return [name for name, rel in relations.items() if rel.get("leaf")]
 
@@ -170,8 +179,8 @@ def draw_soak(soak: dict[str, Any], path: Path) -> None:
     middle, end = minutes(samples, middle=True), minutes(samples, middle=False)
     figure, (rates, latency, dead) = plt.subplots(3, 1, figsize=(10, 11), sharex=True)
     plot_rates(rates, soak, middle=middle, end=end)
-    plot_latency(latency, samples, phases, middle=middle)
-    plot_dead_tuples(dead, samples, phases, end=end)
+    plot_latency(latency, samples, phases, middle)
+    plot_dead_tuples(dead, samples, phases, end)
     for axes in (rates, latency, dead):
         axes.set_xlim(0, end[-1])
     figure.tight_layout()
@@ -193,9 +202,7 @@ def plot_rates(axes: Any, soak: dict[str, Any], *, middle: list[float], end: lis
     backlog.plot(end, waiting, color="grey", linestyle=":", label="backlog")
     backlog.set_ylabel("backlog (TBDL + DLNG)")
     backlog.set_ylim(0, max(10, max(waiting) * 1.05))
-    handles, labels = axes.get_legend_handles_labels()
-    more, more_labels = backlog.get_legend_handles_labels()
-    axes.legend(handles + more, labels + more_labels, fontsize="small", loc="center left")
+    legend(axes, backlog, loc="center left")
     rate = soak.get("rate_msgs_per_s")
     axes.set_title(
         f"Soak: {rate:,.0f} msgs/s offered"
@@ -209,13 +216,7 @@ def plot_rates(axes: Any, soak: dict[str, Any], *, middle: list[float], end: lis
     )
 
 
-def plot_latency(
-    axes: Any,
-    samples: Sequence[dict[str, Any]],
-    phases: dict[str, list[float]],
-    *,
-    middle: list[float],
-) -> None:
+def plot_latency(axes: Any, samples: Samples, phases: Phases, middle: list[float]) -> None:
     """Publish-to-ack p50, p95 and p99 of each window, on a log scale."""
     shade_idle(axes, phases, label=False)
     for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
@@ -226,13 +227,7 @@ def plot_latency(
     axes.legend(fontsize="small", loc="upper left")
 
 
-def plot_dead_tuples(
-    axes: Any,
-    samples: Sequence[dict[str, Any]],
-    phases: dict[str, list[float]],
-    *,
-    end: list[float],
-) -> None:
+def plot_dead_tuples(axes: Any, samples: Samples, phases: Phases, end: list[float]) -> None:
     """Dead tuples of the table (and of each partition, when there are
     several), and its size on a second scale."""
     shade_idle(axes, phases, label=False)
@@ -253,9 +248,7 @@ def plot_dead_tuples(
     size.plot(end, [s["table_bytes"] / 1e6 for s in samples], color="C4", label="table size")
     size.set_ylabel("table + indexes + TOAST, MB")
     size.set_ylim(bottom=0)
-    handles, labels = axes.get_legend_handles_labels()
-    more, more_labels = size.get_legend_handles_labels()
-    axes.legend(handles + more, labels + more_labels, fontsize="small", loc="upper left")
+    legend(axes, size, loc="upper left")
     axes.set_xlabel("minutes since publishing started")
 
 

@@ -466,18 +466,7 @@ class Figures:
 
 
 def run_all(options: Options, bench_url: str) -> Figures:
-    harness.setup_django(bench_url)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
-        _celery.private_redis(Path(directory)) as redis_server,
-    ):
-        bench = _celery.Bench(
-            bench_url,
-            redis_server,
-            harness.make_payload(options.size),
-            concurrency=options.concurrency,
-            size=options.size,
-        )
+    with _celery.started_bench(bench_url, options.size, options.concurrency) as bench:
         results = [
             run_batch(bench, batch, options.messages_for(batch)) for batch in options.batches
         ]

@@ -1089,21 +1089,8 @@ def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
     if not {"lazaretto", "celery-redis"} & set(ctx.options.systems):
         yield None
         return
-    if ctx.options.needs_django:
-        with _celery.private_redis(directory) as server:
-            yield server
-        return
-    from rig.processes import RedisServer
-
-    server = RedisServer(directory=directory)
-    try:
-        try:
-            server.start()
-        except AssertionError as error:
-            raise harness.BenchError(f"redis-server: {error}") from None
+    with _celery.private_redis(directory, wake_ups=ctx.options.needs_django) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:

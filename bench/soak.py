@@ -1122,25 +1122,13 @@ def wait_drained(
 
 
 def run_all(options: Options, bench_url: str) -> Run:
-    harness.setup_django(bench_url)
-    payload = harness.make_payload(options.size)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-redis-") as directory,
-        _celery.private_redis(Path(directory)) as redis_server,
-    ):
-        bench = _celery.Bench(
-            bench_url,
-            redis_server,
-            payload,
-            concurrency=CONCURRENCY,
-            size=options.size,
-        )
+    with _celery.started_bench(bench_url, options.size, CONCURRENCY) as bench:
         drain = None if options.rate is not None else measure_drain(bench, options.drain_messages)
         if drain is not None and options.drain_while_publishing:
-            _celery.flush_redis(redis_server)
+            _celery.flush_redis(bench.redis)
             loaded = measure_loaded_drain(bench, drain.rate)
             drain = dataclasses.replace(drain, loaded_rate=loaded)
-        _celery.flush_redis(redis_server)
+        _celery.flush_redis(bench.redis)
         return run_soak(options, bench, drain)
 
 
