@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow.dataset as ds
 import pytest
@@ -52,6 +53,43 @@ def aged(ids: list[int], days: int) -> None:
 def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_midway(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    stored = old_and_recent_messages()
+    monkeypatch.setenv("LAZARETTO_ARCHIVE_CHUNK_ROWS", "8000")
+    the_driver_dies_after_its_first_chunk(monkeypatch, stored)
+
+    assert archive_launch() == 0
+    gone = [*stored.old, stored.failed]
+    assert archived_ids() == sorted(gone)
+    assert not Message.objects.filter(id__in=gone).exists()
+    assert set(ArchiveChunk.objects.values_list("status", flat=True)) == {
+        ArchiveChunkStatus.DELETED
+    }
+    assert sum(ArchiveChunk.objects.values_list("rows", flat=True)) == 20_001
+    # Recent messages and a queue with a longer retention stay.
+    assert Message.objects.filter(id__in=[*stored.recent, *stored.long_kept]).count() == 15
+    assert AuditEvent.objects.filter(action="archive").count() == ArchiveChunk.objects.count()
+
+    # A third run finds nothing to do and changes nothing.
+    assert archive_launch() == 0
+    assert len(archived_ids()) == 20_001
+
+    # The console's search reads it; replay takes it back.
+    page = archive_search(queue="ORDERS.IN", limit=5)
+    assert [message.id for message in page] == sorted(gone, reverse=True)[:5]
+    assert page[0].state == S.FAILED
+    the_archived_days_replay_into_a_queue()
+
+
+class Stored(NamedTuple):
+    old: list[int]
+    recent: list[int]
+    long_kept: list[int]
+    failed: int
+
+
+def old_and_recent_messages() -> Stored:
+    """20,000 delivered messages 10 days old and one failed, on ORDERS.IN;
+    10 recent ones; 5 old ones on a queue that keeps them 30 days."""
     orders = queue_create(name="ORDERS.IN", consumer="")
     old = delivered_many(orders, 20_000)
     aged(old, 10)
@@ -65,36 +103,21 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     quarantined([failed])
     messages_fail(message_ids=[failed], actor=None, reason="bad data")
     aged([failed], 10)
-    monkeypatch.setenv("LAZARETTO_ARCHIVE_CHUNK_ROWS", "8000")
+    return Stored(old, recent, long_kept, failed)
 
-    # The driver dies right after the first chunk is written and checked.
+
+def the_driver_dies_after_its_first_chunk(monkeypatch: pytest.MonkeyPatch, stored: Stored) -> None:
+    """The driver dies right after the first chunk is written and checked."""
     monkeypatch.setenv("LAZARETTO_ARCHIVE_KILL_AFTER_WRITE", "1")
     assert archive_launch() == -signal.SIGKILL
     [chunk] = ArchiveChunk.objects.all()
     assert (chunk.status, chunk.rows) == (ArchiveChunkStatus.WRITTEN, 8000)
-    assert Message.objects.filter(id__in=old).count() == 20_000  # nothing deleted yet
+    assert Message.objects.filter(id__in=stored.old).count() == 20_000  # nothing deleted yet
     assert archived_ids() == []  # still in _incoming, which readers skip
-
     monkeypatch.delenv("LAZARETTO_ARCHIVE_KILL_AFTER_WRITE")
-    assert archive_launch() == 0
-    assert archived_ids() == sorted([*old, failed])
-    assert not Message.objects.filter(id__in=[*old, failed]).exists()
-    assert set(ArchiveChunk.objects.values_list("status", flat=True)) == {
-        ArchiveChunkStatus.DELETED
-    }
-    assert sum(ArchiveChunk.objects.values_list("rows", flat=True)) == 20_001
-    # Recent messages and a queue with a longer retention stay.
-    assert Message.objects.filter(id__in=[*recent, *long_kept]).count() == 15
-    assert AuditEvent.objects.filter(action="archive").count() == ArchiveChunk.objects.count()
 
-    # A third run finds nothing to do and changes nothing.
-    assert archive_launch() == 0
-    assert len(archived_ids()) == 20_001
 
-    # The console's search reads it; replay takes it back.
-    page = archive_search(queue="ORDERS.IN", limit=5)
-    assert [message.id for message in page] == sorted([*old, failed], reverse=True)[:5]
-    assert page[0].state == S.FAILED
+def the_archived_days_replay_into_a_queue() -> None:
     queue_create(name="ORDERS.REPLAYED", consumer="")
     job = replay_job_submit(
         spec=ReplaySpec(

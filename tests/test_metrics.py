@@ -73,24 +73,7 @@ def test_after_1000_published_1_crash_and_3_dead_lettered_the_metrics_match_the_
     assert dead_letter_queue is not None
     start_workers(concurrency=2, PROMETHEUS_MULTIPROC_DIR=str(shared))
 
-    published(bulk, 1000, NewMessage(payload=b"order"))
-    messages_publish(queue_name=crashing.name, messages=[NewMessage(payload=b"CRASH")])
-    messages_publish(queue_name=unreadable.name, messages=[NewMessage(payload=b"not json")] * 3)
-
-    wait_until(lambda: on_queue(bulk.name, S.DELIVERED) == 1000, timeout=90, what="1000 acked")
-    wait_until(lambda: on_queue(crashing.name, S.NOT_DELIVERABLE) == 1, timeout=60, what="NDLV")
-    wait_until(
-        lambda: on_queue(dead_letter_queue.name, S.TO_BE_DELIVERED) == 3,
-        timeout=60,
-        what="3 dead-lettered",
-    )
-    client = Client()
-    # Counters are added just after the commit that moved the messages.
-    latencies = ("lazaretto_delivery_latency_seconds_count", frozenset({("queue", bulk.name)}))
-    wait_until(
-        lambda: scrape(client).get(latencies) == 1000, timeout=10, what="the last batch's counts"
-    )
-    samples = scrape(client)
+    samples = the_workload_done_and_scraped(bulk, crashing, unreadable, dead_letter_queue)
 
     for (name, state), count in depths_in_the_database().items():
         assert value(samples, "lazaretto_queue_depth", queue=name, state=state) == count, (
@@ -123,6 +106,36 @@ def test_after_1000_published_1_crash_and_3_dead_lettered_the_metrics_match_the_
     for queue in (bulk, crashing, unreadable, dead_letter_queue):
         assert value(samples, "lazaretto_messages_discarded_total", queue=queue.name) == 0
 
+    latencies_and_lags_are_observed(samples, bulk)
+
+
+def the_workload_done_and_scraped(
+    bulk: Queue, crashing: Queue, unreadable: Queue, dead_letter_queue: Queue
+) -> Samples:
+    """1000 messages published to ``bulk`` and delivered, one that crashes
+    on ``crashing`` blacklisted, three unreadable ones on ``unreadable``
+    dead-lettered; then /metrics, once it counts the last batch."""
+    published(bulk, 1000, NewMessage(payload=b"order"))
+    messages_publish(queue_name=crashing.name, messages=[NewMessage(payload=b"CRASH")])
+    messages_publish(queue_name=unreadable.name, messages=[NewMessage(payload=b"not json")] * 3)
+
+    wait_until(lambda: on_queue(bulk.name, S.DELIVERED) == 1000, timeout=90, what="1000 acked")
+    wait_until(lambda: on_queue(crashing.name, S.NOT_DELIVERABLE) == 1, timeout=60, what="NDLV")
+    wait_until(
+        lambda: on_queue(dead_letter_queue.name, S.TO_BE_DELIVERED) == 3,
+        timeout=60,
+        what="3 dead-lettered",
+    )
+    client = Client()
+    # Counters are added just after the commit that moved the messages.
+    latencies = ("lazaretto_delivery_latency_seconds_count", frozenset({("queue", bulk.name)}))
+    wait_until(
+        lambda: scrape(client).get(latencies) == 1000, timeout=10, what="the last batch's counts"
+    )
+    return scrape(client)
+
+
+def latencies_and_lags_are_observed(samples: Samples, bulk: Queue) -> None:
     # Observed by the delivery processes: one latency per ack, none negative.
     acked = on_queue(bulk.name, S.DELIVERED)
     assert value(samples, "lazaretto_delivery_latency_seconds_count", queue=bulk.name) == acked
