@@ -316,17 +316,24 @@ def make_payload(size: int) -> bytes:
     return base64.b64encode(os.urandom(size))[:size]
 
 
+class Rated:
+    """A result's ``rate``: its ``messages`` over its ``seconds``."""
+
+    messages: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
 @dataclass(frozen=True)
-class Timed:
+class Timed(Rated):
     """``messages`` moved in ``seconds`` by ``name`` (a path, a way)."""
 
     name: str
     seconds: float
     messages: int
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
 
 
 # --- the report -----------------------------------------------------------------------

@@ -56,7 +56,7 @@ class Chunk:
 
 
 @dataclass(frozen=True)
-class Figures:
+class Figures(harness.Rated):
     messages: int
     seconds: float
     # Launch to the first JDBC connection (its backend_start); None if unseen.
@@ -67,10 +67,6 @@ class Figures:
     db_seconds: dict[str, float]
     longest_seconds: dict[str, float]
     config: dict[str, Any]
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
 
     @property
     def rate_after_startup(self) -> float | None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psycopg
 
@@ -126,8 +126,9 @@ class KillResult:
         return max(self.runs)
 
 
-@dataclass(frozen=True)
-class IsolationCase:
+class IsolationCase(NamedTuple):
+    """A batch of ``batch`` messages, ``poisons`` of them poison."""
+
     batch: int
     poisons: int
 

@@ -767,16 +767,17 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-FIGURES = (
-    ("failover_s", "failover", "kill -> the standby's node reports primary"),
-    ("first_delivery_s", "first_delivery", "kill -> first message published after it delivered"),
-    ("first_delivery_dlvd_s", "first_delivery_dlvd", "kill -> that message DLVD (its ack)"),
-    ("publish_gap_s", "publish_gap", "longest time between two 201s around the kill"),
-    ("first_ack_s", "first_ack", "kill -> first 201 of a request sent after it"),
-    ("kill_s", "kill_span", "the fault -> its PostgreSQL dead or stopped"),
-    ("rejoin_s", "rejoin", "the fault's end -> back as synchronous standby (healed)"),
-    ("rejoin_publish_gap_s", "rejoin_gap", "longest time between two 201s while rejoining"),
-)
+# JSON key: (RunResult attribute, what it times).
+FIGURES = {
+    "failover_s": ("failover", "kill -> the standby's node reports primary"),
+    "first_delivery_s": ("first_delivery", "kill -> first message published after it delivered"),
+    "first_delivery_dlvd_s": ("first_delivery_dlvd", "kill -> that message DLVD (its ack)"),
+    "publish_gap_s": ("publish_gap", "longest time between two 201s around the kill"),
+    "first_ack_s": ("first_ack", "kill -> first 201 of a request sent after it"),
+    "kill_s": ("kill_span", "the fault -> its PostgreSQL dead or stopped"),
+    "rejoin_s": ("rejoin", "the fault's end -> back as synchronous standby (healed)"),
+    "rejoin_publish_gap_s": ("rejoin_gap", "longest time between two 201s while rejoining"),
+}
 
 
 def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any]:
@@ -787,7 +788,7 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
         "fault": options.fault,
         "runs": options.runs,
         "heartbeat": {"interval_s": options.interval, "timeout_s": options.timeout},
-        **{key: spread([getattr(run, attr) for run in runs]) for key, attr, _ in FIGURES},
+        **{key: spread([getattr(run, attr) for run in runs]) for key, (attr, _) in FIGURES.items()},
         "killed": [run.killed for run in runs],
         "failed_answers": [run.failed for run in runs],
         "publishes": {
@@ -835,7 +836,7 @@ def print_report(options: Options, figures: Figures, seconds: float) -> None:
         "one API client publishing one message per request; Celery workers, consumer demo",
     )
     rows = []
-    for key, attr, what in FIGURES:
+    for key, (attr, what) in FIGURES.items():
         values = [getattr(run, attr) for run in runs]
         spread = (min(values), statistics.median(values), max(values))
         rows.append([key, *(f"{value:.3f}" for value in spread), what])

@@ -177,7 +177,7 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(harness.Rated):
     system: str
     batch: int | None
     messages: int
@@ -186,10 +186,6 @@ class Result:
     peak_rss_kb: int
     # What the database server did meanwhile; None: the system has none.
     database: DatabaseWork | None = None
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
 
     @property
     def wal_bytes_per_message(self) -> float | None:

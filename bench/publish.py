@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
 
 import psycopg
@@ -37,8 +37,7 @@ SERVER_START_SECONDS = 60.0
 SERVER_STOP_SECONDS = 15.0
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     messages: int
     batch: int
     size: int

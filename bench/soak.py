@@ -753,17 +753,14 @@ def task_errors(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Drain:
+class Drain(harness.Rated):
+    """``rate`` is the idle drain: pre-published messages, nothing else running."""
+
     messages: int
     seconds: float
     first_claim_s: float
     # Acked/s while a publisher offered ``rate`` (measure_loaded_drain).
     loaded_rate: float | None = None
-
-    @property
-    def rate(self) -> float:
-        """The idle drain rate: pre-published messages, nothing else running."""
-        return self.messages / self.seconds
 
     @property
     def base(self) -> float:
