@@ -16,6 +16,7 @@ from django.db import connection
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
 from broker.services.queues import queue_create, queue_update
 from rig.processes import Workers, wait_until
+from tests.support.databases import scalar
 from tests.support.messages import settled, states
 from tests.support.publishing import published_each
 
@@ -53,13 +54,13 @@ def crash_detected_at(ids: list[int], timeout: float = 15.0) -> float:
 
 
 def last_delivered_at(ids: list[int]) -> float:
-    with connection.cursor() as cursor:
-        cursor.execute(
+    return float(
+        scalar(
             "SELECT extract(epoch FROM max(updated_at)) FROM broker_message "
             "WHERE id = ANY(%s) AND state = 'DLVD'",
             [ids],
         )
-        return float(cursor.fetchone()[0])
+    )
 
 
 def isolate(

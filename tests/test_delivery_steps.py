@@ -12,7 +12,6 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from django.db import connection
 from django.utils import timezone
 
 from broker.errors import IllegalTransition
@@ -31,6 +30,7 @@ from broker.services.sweeper import messages_sweep, overdue_seconds
 from broker.services.transitions.blacklist import message_purge, message_release
 from broker.services.transitions.in_flight import messages_ack
 from rig.processes import database_url_for_workers, wait_until
+from tests.support.databases import scalar
 from tests.support.messages import totals
 from tests.support.publishing import published
 
@@ -276,13 +276,13 @@ def test_the_sweeper_requeues_the_batch_of_a_dead_worker_as_suspects(db):
 
 def advisory_lock_free(key: int) -> Callable[[], bool]:
     def free() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(
+        return bool(
+            scalar(
                 "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
                 " AND objid = %s AND granted)",
                 [key],
             )
-            return bool(cursor.fetchone()[0])
+        )
 
     return free
 

@@ -3,7 +3,7 @@ tests/conftest.py (and tests/browser/conftest.py) and call in here; test
 modules import from here, never from one another.
 
 - ``console``: a logged-in test client, the error shown beside a form field,
-  the queue settings form.
+  the queue settings form, a publish the API refuses.
 - ``browser``: logging in through the real form in Chromium, what a page did
   that a test did not ask for.
 - ``publishing``: messages published as a client of the publish service would.
@@ -13,7 +13,8 @@ modules import from here, never from one another.
   sent, for webhook consumers and alarm webhooks alike.
 - ``archive``: Parquet files laid out as the archive job writes them.
 - ``processes``: ``manage.py`` run as a child process.
-- ``databases``: a database of a test's own beside the test database.
+- ``databases``: a database of a test's own beside the test database; one
+  value a query selects.
 - ``arguments``: what a command's argument parser says refusing arguments.
 - ``rules``: a rules table parsed for the tests of broker.rules (no Django).
 - ``replay``: a replay job moved on as its Spark driver would report it.

@@ -1,13 +1,16 @@
 """Databases of a test's own on the test server, beside the test database:
-for a process that must start on an empty or half-migrated database."""
+for a process that must start on an empty or half-migrated database; and
+one value read on the test's own connection."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from django.db import connection
 from psycopg import sql
 
 
@@ -27,3 +30,10 @@ def throwaway_database(url: str, name: str) -> Iterator[str]:
     finally:
         with psycopg.connect(maintenance, autocommit=True) as conn:
             conn.execute(drop)
+
+
+def scalar(query: str, params: Sequence[Any] = ()) -> Any:
+    """The one value ``query`` selects, on the test's own connection."""
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchone()[0]
