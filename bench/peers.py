@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -733,13 +734,23 @@ def prepare_peer(ctx: Context, module: str, count: int) -> None:
     harness.log(f"{module}: schema and {count} messages in {harness.since(started):.1f}s")
 
 
-def run_peer(
-    ctx: Context, system: str, batch: int | None, count: int, remaining_sql: str
-) -> Drained:
+# A peer's query for the messages it has left, and how many one fetch takes
+# (None: the batch size).
+PEER_RUNS = {
+    "pgmq": ("SELECT count(*) FROM pgmq.q_bench", None),
+    "pgqueuer": ("SELECT count(*) FROM pgqueuer", None),
+    # Procrastinate has one setting: each fetch_job takes one job.
+    "procrastinate": ("SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'", 1),
+}
+
+
+def run_peer(ctx: Context, batch: int | None, count: int, *, system: str) -> Measured:
     """A peer's run: fresh database, prepare, settle, its workers from
-    var/peers-venv; fails unless ``remaining_sql`` counts 0 afterwards and
-    the workers acknowledged ``count`` messages."""
+    var/peers-venv; fails unless none of its messages is left afterwards,
+    the workers acknowledged ``count`` messages and the batch setting took
+    effect."""
     assert ctx.peers_python is not None
+    remaining_sql, fetch_size = PEER_RUNS[system]
     module = f"bench._peer_{system}"
     where = system if batch is None else f"{system} {batch}"
     fresh_database(ctx)
@@ -749,43 +760,16 @@ def run_peer(
     command += ["--batch", str(batch or 1)]
     drained = drain_with_workers(ctx, where.replace(" ", "-"), command)
     with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
-        remaining = conn.execute(remaining_sql).fetchone()
-    remaining = remaining[0] if remaining else None
+        row = conn.execute(remaining_sql).fetchone()
+    remaining = row[0] if row else None
     if drained.acked != count or remaining != 0:
         raise harness.BenchError(
             f"{where}: {drained.acked} of {count} messages acknowledged, "
             f"{remaining} left in the queue"
         )
     harness.log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left")
-    return drained
-
-
-def measured_peer(drained: Drained, check: BatchCheck) -> Measured:
+    check = check_batches(system, batch, fetch_size or batch or 1, count, drained.fetches)
     return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
-
-
-def run_pgmq(ctx: Context, batch: int | None, count: int) -> Measured:
-    assert batch is not None
-    drained = run_peer(ctx, "pgmq", batch, count, "SELECT count(*) FROM pgmq.q_bench")
-    return measured_peer(drained, check_batches("pgmq", batch, batch, count, drained.fetches))
-
-
-def run_pgqueuer(ctx: Context, batch: int | None, count: int) -> Measured:
-    assert batch is not None
-    drained = run_peer(ctx, "pgqueuer", batch, count, "SELECT count(*) FROM pgqueuer")
-    return measured_peer(drained, check_batches("pgqueuer", batch, batch, count, drained.fetches))
-
-
-def run_procrastinate(ctx: Context, batch: int | None, count: int) -> Measured:
-    drained = run_peer(
-        ctx,
-        "procrastinate",
-        None,
-        count,
-        "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
-    )
-    # One setting: each fetch_job takes one job.
-    return measured_peer(drained, check_batches("procrastinate", None, 1, count, drained.fetches))
 
 
 def redis_queued(client: Any, queue: str) -> int:
@@ -892,9 +876,7 @@ def time_celery_drain(client: Any, count: int, worker: Worker) -> float:
 RUNNERS: dict[str, Callable[[Context, int | None, int], Measured]] = {
     "lazaretto": run_lazaretto,
     "bare": run_bare,
-    "pgmq": run_pgmq,
-    "pgqueuer": run_pgqueuer,
-    "procrastinate": run_procrastinate,
+    **{system: partial(run_peer, system=system) for system in PEER_RUNS},
     "celery-redis": run_celery_redis,
 }
 
@@ -903,10 +885,7 @@ RUNNERS: dict[str, Callable[[Context, int | None, int], Measured]] = {
 
 
 def find(results: Sequence[Result], system: str, batch: int | None) -> Result | None:
-    for result in results:
-        if result.system == system and result.batch == batch:
-            return result
-    return None
+    return next((r for r in results if (r.system, r.batch) == (system, batch)), None)
 
 
 def ratio_to_lazaretto(result: Result, results: Sequence[Result]) -> float | None:
