@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.http import QueryDict
 
 from broker.consumers import handler_names
@@ -197,6 +198,22 @@ class MessageFilterForm(forms.Form):
         if header and "=" not in header:
             raise forms.ValidationError("Write it as name=value.")
         return header
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(label="JSON Lines file", help_text="one message document a line")
+    partial = forms.BooleanField(
+        required=False, label="Import the good lines and list the bad ones"
+    )
+
+    def clean_file(self) -> Any:
+        upload = self.cleaned_data["file"]
+        limit = settings.LAZARETTO_MAX_IMPORT_BYTES
+        if upload.size > limit:
+            raise forms.ValidationError(
+                f"The file is {upload.size:,} bytes; an import holds at most {limit:,}."
+            )
+        return upload
 
 
 class AuditFilterForm(forms.Form):

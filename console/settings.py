@@ -264,6 +264,8 @@ LAZARETTO_DEFAULT_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 # queue manager's name is in IBM MQ.
 LAZARETTO_INSTANCE_NAME = env_str("LAZARETTO_INSTANCE_NAME", socket.gethostname())
 LAZARETTO_MAX_PUBLISH_BATCH = 1000
+# The largest JSON Lines file an import accepts (console upload, API body).
+LAZARETTO_MAX_IMPORT_BYTES = env_int("LAZARETTO_MAX_IMPORT_BYTES", 64 * 1024 * 1024, minimum=1)
 # Modules imported at start-up by every process (web and workers) whose
 # @broker.consumers.register handlers queues may then name; a module that
 # cannot be imported or a handler name registered twice stops start-up.

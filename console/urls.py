@@ -17,6 +17,7 @@ from console.views import (
     replay,
     tokens,
     topics,
+    transfer,
     users,
 )
 
@@ -36,8 +37,10 @@ urlpatterns = [
     path("queues/<path:name>/settings/", queues.queue_settings, name="queue-settings"),
     path("queues/<path:name>/pause/", queues.queue_pause_view, name="queue-pause"),
     path("queues/<path:name>/purge/", queues.queue_purge_view, name="queue-purge"),
+    path("queues/<path:name>/import/", transfer.queue_import_view, name="queue-import"),
     path("queues/<path:name>/", queues.queue_detail, name="queue"),
     path("messages/", messages.message_list, name="messages"),
+    path("messages/export/", transfer.messages_export_view, name="messages-export"),
     path(MESSAGE, messages.message_detail, name="message"),
     path(f"{MESSAGE}payload/", messages.message_payload, name="message-payload"),
     path(f"{MESSAGE}dump/", messages.message_dump, name="message-dump"),

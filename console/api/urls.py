@@ -12,6 +12,7 @@ from console.api import (
     rule_tables,
     tokens,
     topics,
+    transfer,
     triage,
 )
 
@@ -62,10 +63,12 @@ urlpatterns = [
     path(f"{QUEUE}purge/", queues.QueuePurgeView.as_view(), name="api-queue-purge"),
     # Queue names may contain '/', so the name is a path segment run; the
     # messages route comes first so "A/B/messages/" means queue "A/B".
+    path(f"{QUEUE}messages/import/", transfer.QueueImportView.as_view(), name="api-queue-import"),
     path(f"{QUEUE}messages/", messages.QueueMessagesView.as_view(), name="api-queue-messages"),
     path(QUEUE, queues.QueueDetailView.as_view(), name="api-queue"),
     path("messages/", triage.MessageListView.as_view(), name="api-messages"),
     path("messages/bulk/", triage.BulkJobCreateView.as_view(), name="api-messages-bulk"),
+    path("messages/export/", transfer.MessageExportView.as_view(), name="api-messages-export"),
     path(MESSAGE, messages.MessageDetailView.as_view(), name="api-message"),
     *actions(
         MESSAGE,
