@@ -63,21 +63,8 @@ ROW_FIELDS = (
     "created_at",
     "updated_at",
 )
-DOCUMENT_KEYS = (
-    "id",
-    "queue",
-    "payload",
-    "payload_encoding",
-    "content_type",
-    "headers",
-    "priority",
-    "dead_letter",
-    "state",
-    "crash_count",
-    "timeout_count",
-    "created_at",
-    "updated_at",
-)
+# The document: the row's, the queue by name and the payload's encoding after it.
+DOCUMENT_KEYS = ("id", "queue", "payload", "payload_encoding", *ROW_FIELDS[3:])
 CSV_COLUMNS = tuple(
     "payload_base64" if key == "payload" else key
     for key in DOCUMENT_KEYS

@@ -4,7 +4,7 @@ a queue (broker.services.transfer)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from django.conf import settings
@@ -29,6 +29,14 @@ from console.api.triage import MessageQuerySerializer
 from console.roles import Role
 
 JSON_LINES = FORMATS["jsonl"]
+
+
+def export_download(chunks: Iterator[str], export_format: str) -> StreamingHttpResponse:
+    """An export as a download, written as its chunks come."""
+    response = StreamingHttpResponse(chunks, content_type=FORMATS[export_format])
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="messages-{stamp}.{export_format}"'
+    return response
 
 
 class JsonAnswers(BaseContentNegotiation):
@@ -144,11 +152,7 @@ class MessageExportView(APIView):
             actor=request.user,
             via="api",
         )
-        response = StreamingHttpResponse(chunks, content_type=FORMATS[export_format])
-        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
-        filename = f"messages-{stamp}.{export_format}"
-        response["Content-Disposition"] = f'attachment; filename="{filename}"'
-        return response
+        return export_download(chunks, export_format)
 
 
 class QueueImportView(APIView):

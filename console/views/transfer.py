@@ -5,14 +5,14 @@ a JSON Lines upload into a queue (broker.services.transfer)."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from broker.selectors import MessageFilter
 from broker.services.queues import queue_get
-from broker.services.transfer import FORMATS, messages_export, messages_import
+from broker.services.transfer import messages_export, messages_import
+from console.api.transfer import export_download
 from console.forms import ImportForm, MessageFilterForm
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, found, role_required, service_errors
@@ -36,11 +36,7 @@ def messages_export_view(request: HtmxHttpRequest) -> HttpResponseBase:
                 actor=request.user,
                 via="console",
             )
-            response = StreamingHttpResponse(chunks, content_type=FORMATS[export_format])
-            stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
-            filename = f"messages-{stamp}.{export_format}"
-            response["Content-Disposition"] = f'attachment; filename="{filename}"'
-            return response
+            return export_download(chunks, export_format)
     context = {"form": form, "formats": FORMAT_LABELS, "chosen": export_format}
     return render(request, "console/export.html", context, status=400)
 
