@@ -174,37 +174,9 @@ def test_a_random_sequence_of_faults_each_heals_and_loses_nothing(
         probe.start()
         wait_until(lambda: len(publisher.acked) >= 20, timeout=60, what="publishing")
         for step, (target, fault) in enumerate(sequence, 1):
-            label = f"step {step} ({target} {fault}), {what}"
-            primary_before = roles(pair)[0].name
-            started = time.monotonic()
-            ended = inject(pair, target, fault)
-            try:
-                wait_until(lambda: healed(pair), timeout=60, interval=0.2, what="the pair healed")
-            except AssertionError as error:
-                raise AssertionError(f"{label}: {error}\n{pair.logs()}") from None
-            healed_at = time.monotonic()
-            resumed = len(publisher.acked) + 5
-            wait_until(lambda: len(publisher.acked) >= resumed, timeout=30, what="publishing")  # noqa: B023
-            primary = roles(pair)[0]
-            if (target, fault) == ("primary", "partition"):
-                assert primary.name == primary_before, f"{label}: a cut changed the primary"
-            if (target, fault) == ("primary", "isolated"):
-                assert primary.name != primary_before, f"{label}: the isolated primary stayed"
-            acked_so_far = list(publisher.acked)  # before the read: it goes on growing
-            stored = set(payloads_in(pair, primary.name))
-            missing = [p for p in acked_so_far if p not in stored]
-            assert not missing, (
-                f"{label}: lost {missing[:10]}; {where(pair, missing)}\n{pair.logs()}"
+            the_pair_heals_from(
+                pair, publisher, probe, target, fault, f"step {step} ({target} {fault}), {what}"
             )
-            gap = publisher.gap_around(started, healed_at)
-            assert gap <= GAP_SECONDS, f"{label}: gap {gap:.1f} s\n{pair.logs()}"
-            thaw = (ended, ended + 1.0) if (target, fault) == ("primary", "freeze") else None
-            both = [
-                t
-                for t in probe.both_writable
-                if started <= t <= healed_at and not (thaw and thaw[0] <= t <= thaw[1])
-            ]
-            assert not both, f"{label}: both writable {both}\n{pair.logs()}"
         publisher.stop()
         probe.stop()
         primary = roles(pair)[0]
@@ -223,3 +195,39 @@ def test_a_random_sequence_of_faults_each_heals_and_loses_nothing(
         probe.stopping.set()
         workers.stop()
         web.stop()
+
+
+def the_pair_heals_from(
+    pair: Pair, publisher: Publisher, probe: WritableProbe, target: str, fault: str, label: str
+) -> None:
+    """``fault`` done to ``target``; the pair healed, nothing acknowledged
+    lost, publishing stopped no longer than GAP_SECONDS, and never two
+    writable servers meanwhile."""
+    primary_before = roles(pair)[0].name
+    started = time.monotonic()
+    ended = inject(pair, target, fault)
+    try:
+        wait_until(lambda: healed(pair), timeout=60, interval=0.2, what="the pair healed")
+    except AssertionError as error:
+        raise AssertionError(f"{label}: {error}\n{pair.logs()}") from None
+    healed_at = time.monotonic()
+    resumed = len(publisher.acked) + 5
+    wait_until(lambda: len(publisher.acked) >= resumed, timeout=30, what="publishing")
+    primary = roles(pair)[0]
+    if (target, fault) == ("primary", "partition"):
+        assert primary.name == primary_before, f"{label}: a cut changed the primary"
+    if (target, fault) == ("primary", "isolated"):
+        assert primary.name != primary_before, f"{label}: the isolated primary stayed"
+    acked_so_far = list(publisher.acked)  # before the read: it goes on growing
+    stored = set(payloads_in(pair, primary.name))
+    missing = [p for p in acked_so_far if p not in stored]
+    assert not missing, f"{label}: lost {missing[:10]}; {where(pair, missing)}\n{pair.logs()}"
+    gap = publisher.gap_around(started, healed_at)
+    assert gap <= GAP_SECONDS, f"{label}: gap {gap:.1f} s\n{pair.logs()}"
+    thaw = (ended, ended + 1.0) if (target, fault) == ("primary", "freeze") else None
+    both = [
+        t
+        for t in probe.both_writable
+        if started <= t <= healed_at and not (thaw and thaw[0] <= t <= thaw[1])
+    ]
+    assert not both, f"{label}: both writable {both}\n{pair.logs()}"
