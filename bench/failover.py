@@ -18,7 +18,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -618,23 +617,14 @@ def make_queue(pair: Pair) -> None:
     """The bench's queue, consumer demo, made through the queue service in a
     process that loads the demo's consumer module (the web, which only
     publishes, does not: its API would refuse the consumer's name)."""
-    made = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", MAKE_QUEUE],
-        cwd=harness.ROOT,
-        env={**pair.app_env(), "LAZARETTO_CONSUMER_MODULES": "demo_consumers"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    if made.returncode != 0:
-        raise harness.BenchError(f"creating {QUEUE}: {made.stderr[-LOG_TAIL:]}")
+    from rig.ha import shell
 
-
-MAKE_QUEUE = f"""
-from broker.services.queues import queue_create
-queue_create(name={QUEUE!r}, consumer="demo")
-"""
+    code = "from broker.services.queues import queue_create; "
+    code += f"queue_create(name={QUEUE!r}, consumer='demo')"
+    try:
+        shell({**pair.app_env(), "LAZARETTO_CONSUMER_MODULES": "demo_consumers"}, code)
+    except AssertionError as error:
+        raise harness.BenchError(f"creating {QUEUE}: {str(error)[-LOG_TAIL:]}") from None
 
 
 @contextlib.contextmanager
