@@ -21,7 +21,12 @@ from broker.models import (
     Queue,
     ReplaySource,
 )
-from broker.pipeline.selection import MAX_TEXT_FILTER, ReplaySpec, replay_spec_parse
+from broker.pipeline.selection import (
+    MAX_TEXT_FILTER,
+    ReplaySpec,
+    replay_spec_parse,
+    window_problem,
+)
 from broker.selectors import dead_letter_queue_list, ha_node_names, queue_names, topic_list
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
@@ -265,7 +270,18 @@ def _datetime_local(help_text: str) -> forms.DateTimeField:
     return forms.DateTimeField(required=False, widget=widget, help_text=help_text)
 
 
-class ReplayForm(forms.Form):
+class WindowForm(forms.Form):
+    """A form with a since/until window that must end after it starts."""
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean()
+        problem = window_problem(self.cleaned_data.get("since"), self.cleaned_data.get("until"))
+        if problem:
+            self.add_error("until", problem)
+        return data
+
+
+class ReplayForm(WindowForm):
     """A replay job as an operator writes it. The shape is checked here; the
     replay service checks the rest (queues, time range, rules table, velocity)
     and the view puts its errors beside these fields, which carry the names
@@ -355,7 +371,7 @@ class ReplayForm(forms.Form):
         )
 
 
-class ArchiveSearchForm(forms.Form):
+class ArchiveSearchForm(WindowForm):
     queue = forms.ChoiceField(required=False)
     since = _datetime_local("published at or after")
     until = _datetime_local("published before")
@@ -366,13 +382,6 @@ class ArchiveSearchForm(forms.Form):
         queue = self.fields["queue"]
         assert isinstance(queue, forms.ChoiceField)
         queue.choices = [("", "choose a queue"), *((name, name) for name in queue_names())]
-
-    def clean(self) -> dict[str, Any] | None:
-        data = super().clean()
-        since, until = self.cleaned_data.get("since"), self.cleaned_data.get("until")
-        if since and until and until <= since:
-            self.add_error("until", "The time range ends before it starts.")
-        return data
 
 
 def _node_choices() -> list[tuple[str, str]]:
