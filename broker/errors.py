@@ -20,6 +20,21 @@ class InvalidInput(BrokerError):
     code = "invalid"
 
 
+class AlreadyExists(InvalidInput):
+    """A name (or another unique value) another object already has: well
+    formed, but in conflict with what exists."""
+
+    code = "already_exists"
+
+
+class ConfirmationMismatch(InvalidInput):
+    """A destructive command's confirmation does not repeat what it names
+    (a purge typed with another queue's name): well formed, but not a
+    confirmation of this command."""
+
+    code = "confirmation_mismatch"
+
+
 class NotFound(BrokerError):
     """What a getter was asked for does not exist. The console answers any
     of these with its 404 page, the API with 404 and the subclass's code."""
@@ -167,6 +182,14 @@ class HaNodeUnreachable(BrokerError):
     """No broker node answered a command (resolve, switchover, status)."""
 
     code = "ha_node_unreachable"
+
+
+class HaNotConfigured(BrokerError):
+    """This instance runs no HA pair: no broker node has recorded where it
+    answers, so there is nobody to send a switchover or resolve to. A state
+    of configuration, not an outage."""
+
+    code = "ha_not_configured"
 
 
 class HaCommandRefused(BrokerError):

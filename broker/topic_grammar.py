@@ -13,6 +13,19 @@ MAX_TOPIC_LENGTH = 1024
 SINGLE = "+"
 MULTI = "#"
 
+# The same rules as regular expressions, for the API's schema (length
+# aside): tests/test_topic_matching.py checks that they agree with the
+# functions below on generated text.
+_LEVEL = r"[^/#+\x00-\x1f]+"
+_TOPIC = rf"{_LEVEL}(?:/{_LEVEL})*"
+TOPIC_STRING_PATTERN = rf"\A{_TOPIC}\Z"
+TOPIC_STRING_OR_BLANK_PATTERN = rf"\A(?:{_TOPIC})?\Z"
+TOPIC_FILTER_PATTERN = rf"\A(?:#|(?:{_LEVEL}|\+)(?:/(?:{_LEVEL}|\+))*(?:/#)?)\Z"
+TOPIC_RULES = (
+    "Levels separated by '/', none empty, without control characters; a topic string "
+    "names no wildcard, a filter uses '+' as a whole level and '#' as the whole last one."
+)
+
 
 class TopicError(ValueError):
     """A topic string or filter that breaks the rules above."""

@@ -30,6 +30,9 @@ def _workers() -> int:
 
 workers = _workers()
 accesslog = "-"
+# The longest request line gunicorn takes (its default, 4094, is shorter than
+# a message search with every filter at its longest, percent-encoded).
+limit_request_line = 8190
 # The log format is checked again (naming the variable) when Django starts.
 _format = os.environ.get("LOG_FORMAT", "text").strip().lower()
 logconfig_dict = logging_config(log_format=_format if _format in LOG_FORMATS else "text")

@@ -1,5 +1,8 @@
-"""A write the store's HA guard refused, wherever it was not caught.
+"""The console's own middleware: a deadline on the store for every request,
+a write the store's HA guard refused wherever it was not caught, and the
+API's query strings held to the schema.
 
+A write the store's HA guard refused, wherever it was not caught:
 Console views show a refusal beside their form (``service_errors``) and the
 API answers it with its error body (``console.api.errors``); any other view
 whose write the guard refuses (split brain: every write; a standby
@@ -63,3 +66,24 @@ class HaRefusalMiddleware:
         if error.retry_after is not None:
             response["Retry-After"] = str(error.retry_after)
         return response
+
+
+class EmptyQueryParameterMiddleware:
+    """Under /api/, a query parameter given with no value (``?queue=``) is
+    refused with 400 ``invalid`` naming it, not taken as left out: the
+    schema says every query parameter is a non-empty string, a number, a
+    time or one of a list, and a client generated from it leaves out what
+    it does not mean."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith("/api/v1/"):
+            empty = sorted({name for name, value in request.GET.items() if value == ""})
+            if empty:
+                problem = "May not be empty: leave the parameter out instead."
+                detail = f"Empty query parameter(s): {', '.join(empty)}. {problem}"
+                errors = {name: [problem] for name in empty}
+                return JsonResponse(error_body("invalid", detail, errors), status=400)
+        return self.get_response(request)

@@ -111,6 +111,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.middleware.HaRefusalMiddleware",
+    "console.middleware.EmptyQueryParameterMiddleware",
     # Last, as django-axes asks: it answers a locked-out sign-in.
     "axes.middleware.AxesMiddleware",
 ]
@@ -229,9 +230,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Requests and responses as separate components: what a client sends
+    # (no read-only fields, nothing blank) is not what it reads back.
+    "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.api.schema.add_error_responses",
+        "console.api.schema.close_request_bodies",
+        "console.api.schema.nonempty_query_strings",
     ],
 }
 

@@ -4,6 +4,7 @@ an audit event; the key is returned once and never stored."""
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from datetime import timedelta
 
@@ -12,12 +13,20 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from broker.errors import InvalidInput, NotFound
+from broker.errors import AlreadyExists, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
 from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
 from console.roles import Role, user_role
 
 KEY_PREFIX = "lzt_"
+# A token's name: something to read, so no control, zero-width or
+# direction-changing character, and more than whitespace. The API's schema
+# states the same pattern.
+READABLE_NAME_PATTERN = (
+    r"\A(?=[\s\S]*\S)"
+    r"[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*\Z"
+)
+PRINTABLE_ONLY = "Use printable characters only."
 LAST_USED_EVERY = timedelta(minutes=1)
 
 
@@ -45,8 +54,8 @@ def token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
         problem = "Give the token a name, such as the program that will use it."
     elif len(name) > TOKEN_NAME_MAX_LENGTH:
         problem = f"At most {TOKEN_NAME_MAX_LENGTH} characters."
-    elif "\x00" in name or not name.isprintable():
-        problem = "Use printable characters only."
+    elif not re.fullmatch(READABLE_NAME_PATTERN, name):
+        problem = PRINTABLE_ONLY
     if problem:
         raise InvalidInput(problem, field_errors={"name": [problem]})
     key = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -57,7 +66,7 @@ def token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
             )
     except IntegrityError:
         problem = f"You already have a token named {name!r}."
-        raise InvalidInput(problem, field_errors={"name": [problem]}) from None
+        raise AlreadyExists(problem, field_errors={"name": [problem]}) from None
     audit_record(
         action="token_create",
         actor=user,

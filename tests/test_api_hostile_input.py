@@ -145,7 +145,7 @@ def test_hostile_bodies_on_every_write(admin_api, seeded, path):
         ),
         ("/api/v1/queues/", {"name": "BIG.Q", "max_messages": 10**40}, "max_messages"),
         ("/api/v1/queues/", {"name": "BIG.Q", "max_messages": -5}, "max_messages"),
-        ("/api/v1/messages/bulk/", {"action": "fail", "ids": [10**40]}, "ids.0"),
+        ("/api/v1/messages/bulk/", {"action": "fail", "ids": [10**40]}, "ids[0]"),
         ("/api/v1/replay-jobs/", {"source": "blacklist", "velocity": 10**40}, "velocity"),
         ("/api/v1/replay-jobs/", {"source": "blacklist", "velocity": -1}, "velocity"),
     ],

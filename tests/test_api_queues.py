@@ -45,11 +45,22 @@ def test_it_accepts_every_mq_name_character_and_48_characters(admin_api):
     assert admin_api.get(f"{QUEUES}{name}/").json()["name"] == name
 
 
-def test_it_rejects_a_duplicate_name(admin_api, orders):
+def test_a_taken_name_is_a_409_conflict_naming_the_field(admin_api, orders):
     response = admin_api.post(QUEUES, {"name": "ORDERS.IN"}, format="json")
 
-    assert response.status_code == 400
+    assert (response.status_code, response.json()["code"]) == (409, "already_exists")
     assert "name" in response.json()["field_errors"]
+
+
+@pytest.mark.parametrize("name", ["NO.SUCH.DLQ", "ORDERS.IN"])
+def test_a_dead_letter_queue_that_is_not_there_is_a_404(admin_api, orders, name):
+    """As a path naming nothing would be: the body is well formed, what it
+    names is missing (ORDERS.IN is no dead-letter queue)."""
+    response = admin_api.post(QUEUES, {"name": "NEW.Q", "dead_letter_queue": name}, format="json")
+
+    assert (response.status_code, response.json()["code"]) == (404, "queue_not_found")
+    assert response.json()["detail"] == f"There is no dead-letter queue named {name!r}."
+    assert not Queue.objects.filter(name="NEW.Q").exists()
 
 
 @pytest.mark.parametrize(
@@ -63,8 +74,7 @@ def test_it_rejects_a_duplicate_name(admin_api, orders):
         ("overflow", "drop_everything"),
         ("kind", "topic"),
         ("max_payload_bytes", 0),
-        ("dead_letter_queue", "NO.SUCH.DLQ"),
-        ("dead_letter_queue", "ORDERS.IN"),
+        ("dead_letter_queue", ""),
         ("consumer", "ftp://files.example.com/in"),
         ("consumer", "file:///etc/passwd"),
         ("consumer", "javascript:alert(1)"),

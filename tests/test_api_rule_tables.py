@@ -79,8 +79,7 @@ def test_a_dry_run_counts_hits_per_rule_and_changes_nothing(admin_api, orders, p
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"queue": "ORDERS.IN", "text": "ACTION(IGNORE)"}, "queue"),
-        ({"queue": "NO.SUCH", "text": "ACTION(IGNORE)"}, "queue"),
+        ({"queue": "", "text": "ACTION(IGNORE)"}, "queue"),
         ({"queue": DLQ, "text": "   "}, "text"),
         ({"queue": DLQ}, "text"),
     ],
@@ -90,6 +89,14 @@ def test_bad_drafts_are_field_errors(admin_api, orders, body, field):
 
     assert response.status_code == 400
     assert field in response.json()["field_errors"]
+    assert not RuleTable.objects.exists()
+
+
+@pytest.mark.parametrize("queue", ["ORDERS.IN", "NO.SUCH"])
+def test_a_draft_for_a_queue_that_is_no_dead_letter_queue_is_404(admin_api, orders, queue):
+    response = admin_api.post(TABLES, {"queue": queue, "text": "ACTION(IGNORE)"}, format="json")
+
+    assert (response.status_code, response.json()["code"]) == (404, "queue_not_found")
     assert not RuleTable.objects.exists()
 
 
@@ -174,7 +181,7 @@ def test_without_activate_a_posted_table_is_a_draft_and_the_active_one_stays(adm
 def test_the_schema_documents_activate_as_a_write_only_flag(viewer_api):
     schema = viewer_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 
-    activate = schema["components"]["schemas"]["RuleTable"]["properties"]["activate"]
+    activate = schema["components"]["schemas"]["RuleTableRequest"]["properties"]["activate"]
     assert (activate["type"], activate["default"], activate["writeOnly"]) == (
         "boolean",
         False,

@@ -459,10 +459,16 @@ def test_api_commands_no_node_answers_are_503(admin_api, path, data):
     assert response.json()["code"] == "ha_node_unreachable"
 
 
-def test_api_commands_before_any_node_recorded_itself_are_503(admin_api):
-    response = admin_api.post("/api/v1/ha/switchover/")
+@pytest.mark.parametrize(
+    ("path", "data"),
+    [("/api/v1/ha/switchover/", {}), ("/api/v1/ha/resolve/", {"primary": "A"})],
+)
+def test_api_commands_where_no_pair_runs_are_409_ha_not_configured(admin_api, path, data):
+    """No node has recorded itself: a state of configuration, not an outage."""
+    response = admin_api.post(path, data, format="json")
 
-    assert (response.status_code, response.json()["code"]) == (503, "ha_node_unreachable")
+    assert (response.status_code, response.json()["code"]) == (409, "ha_not_configured")
+    assert "runs no HA pair" in response.json()["detail"]
 
 
 def test_api_switchover_and_resolve_answer_202_once_a_node_took_them(admin_api, node):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError
 
-from broker.errors import HaCommandRefused, HaNodeUnreachable, InvalidInput
+from broker.errors import HaCommandRefused, HaNodeUnreachable, HaNotConfigured, InvalidInput
 from broker.ha import wire
 from broker.models import DivergedExport, HaEvent, HaPair, Node
 from broker.services.audit import audit_record
@@ -27,6 +28,8 @@ from broker.services.audit import audit_record
 logger = logging.getLogger(__name__)
 
 NODE_NAME_MAX_LENGTH = 64
+# ASCII, as the API's schema states it.
+NODE_NAME_PATTERN = rf"\A[A-Za-z0-9._-]{{1,{NODE_NAME_MAX_LENGTH}}}\Z"
 COMMAND_TIMEOUT_SECONDS = 3.0
 
 
@@ -78,7 +81,10 @@ def node_addresses() -> list[str]:
 def send(op: str, *, addresses: Sequence[str], **fields: Any) -> dict[str, Any]:
     """Send a command to the first node that answers; a refusal is final."""
     if not addresses:
-        raise HaNodeUnreachable("No broker node has recorded where it answers.")
+        raise HaNotConfigured(
+            "This instance runs no HA pair: no broker node has recorded where it answers "
+            "(start one with `python manage.py broker_node`; see docs/ha.md)."
+        )
     unreachable: list[str] = []
     for address in addresses:
         try:
@@ -92,11 +98,7 @@ def send(op: str, *, addresses: Sequence[str], **fields: Any) -> dict[str, Any]:
 
 def validate_node_name(name: str) -> str:
     name = name.strip()
-    if (
-        not name
-        or len(name) > NODE_NAME_MAX_LENGTH
-        or not all(c.isalnum() or c in "._-" for c in name)
-    ):
+    if not re.fullmatch(NODE_NAME_PATTERN, name):
         raise InvalidInput(
             f"{name!r} is not a node name: 1 to {NODE_NAME_MAX_LENGTH} letters, digits, '.', "
             "'_' or '-'.",

@@ -8,7 +8,13 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from broker.errors import InvalidInput, QueueInUse, QueueNotEmpty, QueueNotFound
+from broker.errors import (
+    ConfirmationMismatch,
+    InvalidInput,
+    QueueInUse,
+    QueueNotEmpty,
+    QueueNotFound,
+)
 from broker.models import MessageState, Queue, QueueKind
 from broker.selectors import queue_depths
 from broker.services.audit import Actor, audit_record
@@ -189,7 +195,7 @@ def queue_purge(*, queue: Queue, confirmation: str, actor: Actor = None) -> int:
     finish. ``confirmation`` must repeat the queue's name. Returns how many
     were deleted; one audit event records the count."""
     if confirmation != queue.name:
-        raise InvalidInput(
+        raise ConfirmationMismatch(
             "Type the queue's name to confirm.",
             field_errors={"confirmation": [f"Type {queue.name} exactly to purge it."]},
         )

@@ -7,7 +7,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from broker.errors import InvalidInput, QueueInUse, SubscriptionNotFound, TopicNotFound
+from broker.errors import (
+    AlreadyExists,
+    InvalidInput,
+    QueueInUse,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
 from broker.models import Queue, QueueKind, Subscription, Topic
 from broker.services.audit import Actor, audit_record
 from broker.services.queues import queue_create
@@ -23,7 +29,9 @@ def _validated(
     try:
         instance.full_clean(validate_unique=unique, exclude=exclude)
     except ValidationError as error:
-        raise InvalidInput(
+        codes = {problem.code for problems in error.error_dict.values() for problem in problems}
+        refusal = AlreadyExists if codes == {"unique"} else InvalidInput
+        raise refusal(
             f"The {type(instance).__name__.lower()} is not valid.", field_errors=error.message_dict
         ) from None
 

@@ -12,11 +12,11 @@ from rest_framework.views import APIView
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
 from broker.pipeline.selectors import ArchivedMessage, archive_search
-from console.api.fields import parsed, payload_text
+from console.api.fields import BodySerializer, QuerySerializer, parsed, payload_text
 from console.api.schema import ERROR
 
 
-class ArchiveQuerySerializer(serializers.Serializer[dict[str, Any]]):
+class ArchiveQuerySerializer(QuerySerializer[dict[str, Any]]):
     queue = serializers.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, validators=[queue_name_validator]
     )
@@ -27,14 +27,8 @@ class ArchiveQuerySerializer(serializers.Serializer[dict[str, Any]]):
     )
     page_size = serializers.IntegerField(min_value=1, max_value=500, default=100)
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        since, until = attrs.get("since"), attrs.get("until")
-        if since and until and until <= since:
-            raise serializers.ValidationError({"until": ["Must be after since."]})
-        return attrs
 
-
-class ArchivedMessageSerializer(serializers.Serializer[ArchivedMessage]):
+class ArchivedMessageSerializer(BodySerializer[ArchivedMessage]):
     id = serializers.IntegerField()
     queue = serializers.CharField()
     state = serializers.ChoiceField(choices=MessageState.choices)
@@ -55,7 +49,7 @@ class ArchivedMessageSerializer(serializers.Serializer[ArchivedMessage]):
         return payload_text(message.payload)[1]
 
 
-class ArchivePageSerializer(serializers.Serializer[dict[str, Any]]):
+class ArchivePageSerializer(BodySerializer[dict[str, Any]]):
     results = ArchivedMessageSerializer(many=True)
     next_before_id = serializers.IntegerField(
         allow_null=True, help_text="Pass as `before_id` for the next page; null on the last."

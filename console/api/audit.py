@@ -13,12 +13,12 @@ from rest_framework.response import Response
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, AuditEvent, queue_name_validator
 from broker.selectors import AuditFilter, audit_events
-from console.api.fields import parsed
+from console.api.fields import BodyModelSerializer, QuerySerializer, parsed
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR
 
 
-class AuditQuerySerializer(serializers.Serializer[AuditFilter]):
+class AuditQuerySerializer(QuerySerializer[AuditFilter]):
     actor = serializers.CharField(max_length=150, required=False)
     action = serializers.CharField(max_length=64, required=False)
     queue = serializers.CharField(
@@ -30,7 +30,7 @@ class AuditQuerySerializer(serializers.Serializer[AuditFilter]):
         return AuditFilter(**self.validated_data)
 
 
-class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+class AuditEventSerializer(BodyModelSerializer[AuditEvent]):
     actor = serializers.CharField(source="actor_name", read_only=True)
     queue = serializers.CharField(source="queue_name", read_only=True)
 

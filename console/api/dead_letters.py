@@ -18,16 +18,17 @@ from broker.selectors import (
     queue_summary,
 )
 from broker.services.dead_letters import ScanResult, dead_letter_scan
+from console.api.fields import BodySerializer
 from console.api.queues import QueueSummarySerializer
 from console.api.schema import ERROR
 
 
-class GroupCountSerializer(serializers.Serializer[tuple[str, int]]):
+class GroupCountSerializer(BodySerializer[tuple[str, int]]):
     key = serializers.CharField()
     count = serializers.IntegerField()
 
 
-class DeadLetterQueueSerializer(serializers.Serializer[dict[str, Any]]):
+class DeadLetterQueueSerializer(BodySerializer[dict[str, Any]]):
     queue = QueueSummarySerializer()
     active_rule_table = serializers.IntegerField(
         allow_null=True, help_text="The id of the active rules table version, if any."
@@ -36,7 +37,7 @@ class DeadLetterQueueSerializer(serializers.Serializer[dict[str, Any]]):
     by_original_queue = GroupCountSerializer(many=True)
 
 
-class ScanResultSerializer(serializers.Serializer[ScanResult]):
+class ScanResultSerializer(BodySerializer[ScanResult]):
     examined = serializers.IntegerField()
     retried = serializers.IntegerField()
     forwarded = serializers.IntegerField()

@@ -36,6 +36,8 @@ DATABASE_ERRORS = (DatabaseError, psycopg.Error)
 # NotFound, listed or not, is 404; anything else unlisted is 400.
 BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.InvalidInput: status.HTTP_400_BAD_REQUEST,
+    broker_errors.ConfirmationMismatch: status.HTTP_409_CONFLICT,
+    broker_errors.AlreadyExists: status.HTTP_409_CONFLICT,
     broker_errors.BatchTooLarge: status.HTTP_400_BAD_REQUEST,
     broker_errors.NotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.QueueNotFound: status.HTTP_404_NOT_FOUND,
@@ -60,6 +62,7 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.StaleEpoch: status.HTTP_409_CONFLICT,
     broker_errors.HaNodeUnreachable: status.HTTP_503_SERVICE_UNAVAILABLE,
     broker_errors.HaCommandRefused: status.HTTP_409_CONFLICT,
+    broker_errors.HaNotConfigured: status.HTTP_409_CONFLICT,
     broker_errors.StoreUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
@@ -100,6 +103,8 @@ def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
             if key == "non_field_errors" and prefix:
                 # A list-level error ("too many items") belongs to the list itself.
                 flat.update(_flatten(value, prefix))
+            elif isinstance(key, int):  # a ListField's item
+                flat.update(_flatten(value, f"{prefix}[{key}]"))
             else:
                 flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     elif isinstance(errors, list) and errors and all(isinstance(e, str) for e in errors):
@@ -151,7 +156,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         field_errors = _flatten(exc.detail)
         summary = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in field_errors.items())
-        response.data = error_body("invalid", f"The request is not valid. {summary}", field_errors)
+        codes = {code for codes in _flatten(exc.get_codes()).values() for code in codes}
+        if codes == {"unique"}:
+            # Well formed, but the name is taken: a conflict with what exists.
+            response.status_code = status.HTTP_409_CONFLICT
+            response.data = error_body("already_exists", summary, field_errors)
+        else:
+            detail = f"The request is not valid. {summary}"
+            response.data = error_body("invalid", detail, field_errors)
     elif isinstance(exc, exceptions.APIException):
         code = DRF_CODES.get(type(exc), exc.default_code)
         response.data = error_body(code, str(exc.detail))

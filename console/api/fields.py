@@ -1,29 +1,150 @@
-"""Fields and helpers the API's resources share: names of related objects, payloads, times, unknown keys."""
+"""Fields and helpers the API's resources share: request bodies held to
+their schema, names of related objects, payloads, times."""
 
 from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
+from django.db.models import Model
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
+from broker.errors import NotFound
 from broker.services.publish import MAX_EXPIRY_SECONDS
+
+# What DRF's text fields take, as patterns the schema states: no NUL
+# (PostgreSQL's text cannot hold one) and, where blank is refused, some
+# character that is not whitespace. Anchored and spelled out, so that a tool
+# folding minLength and maxLength into a pattern reads them right.
+NO_NUL = r"^[^\u0000]*$"
+NOT_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Model)
+
+# The JSON types each kind of field takes in a request body, as the schema
+# states them. DRF's fields are kinder (0 is "0", "yes" is true, "5" is 5),
+# so a client that sends what the schema forbids would be served anyway,
+# and one generated from the schema could not tell which values work.
+JSON_TYPES: tuple[
+    tuple[type[serializers.Field[Any, Any, Any, Any]], tuple[type, ...], str], ...
+] = (
+    (serializers.BooleanField, (bool,), "Must be true or false."),
+    (serializers.CharField, (str,), "Must be a string."),
+    (serializers.DateTimeField, (str,), "Must be a string: a date and time in ISO 8601."),
+    (serializers.IntegerField, (int,), "Must be a whole number."),
+    (serializers.FloatField, (int, float), "Must be a number."),
+    (serializers.ChoiceField, (str,), "Must be a string: one of the listed values."),
+    (serializers.ListField, (list,), "Must be a list."),
+    (serializers.DictField, (dict,), "Must be an object."),
+)
+
+
+def _type_errors(field: serializers.Field[Any, Any, Any, Any], value: Any) -> Any:
+    """Why ``value`` is not of the JSON type ``field`` takes, or None; for a
+    list, its wrong items by index. None (null) is the field's allow_null's
+    to judge."""
+    if value is None:
+        return None
+    for kind, types, message in JSON_TYPES:
+        if isinstance(field, kind):
+            # Booleans are ints in Python; a number field refuses them.
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                return [message]
+            break
+    if isinstance(field, serializers.ListField):
+        items = {i: _type_errors(field.child, item) for i, item in enumerate(value)}
+    elif isinstance(field, serializers.DictField):
+        items = {key: _type_errors(field.child, item) for key, item in value.items()}
+    else:
+        return None
+    return {key: errors for key, errors in items.items() if errors} or None
+
+
+def body_errors(serializer: serializers.Serializer[Any], data: Any) -> dict[str, Any]:
+    """What in a request body its schema refuses before any field runs:
+    keys the serializer does not take (the schema says
+    ``additionalProperties: false``) and values of the wrong JSON type."""
+    if not isinstance(data, Mapping):
+        return {}
+    writable = {name: field for name, field in serializer.fields.items() if not field.read_only}
+    errors: dict[str, Any] = {str(key): ["Unknown field."] for key in data if key not in writable}
+    for name, field in writable.items():
+        if name in data and (problem := _type_errors(field, data[name])) is not None:
+            errors[name] = problem
+    return errors
+
+
+def held_to_schema(serializer: serializers.Serializer[Any], data: Any, run: Any) -> Any:
+    """``run(data)`` (DRF's validation), with what ``body_errors`` finds
+    reported beside its errors, in their place."""
+    errors = body_errors(serializer, data)
+    try:
+        values = run(data)
+    except serializers.ValidationError as error:
+        raise serializers.ValidationError({**as_mapping(error.detail), **errors}) from None
+    if errors:
+        raise serializers.ValidationError(errors)
+    return values
+
+
+# A query string's parameters, taken as written (not trimmed), as the schema
+# states them: what a client sends is what is matched.
+class QuerySerializer(serializers.Serializer[T]):
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        for field in fields.values():
+            if isinstance(field, serializers.CharField):
+                field.trim_whitespace = False
+        return fields
+
+
+# A request body held to its schema (body_errors), then DRF's checks. (A
+# comment, not a docstring: the schema would show it on every body.)
+class BodySerializer(serializers.Serializer[T]):
+    def to_internal_value(self, data: Any) -> Any:
+        return held_to_schema(self, data, super().to_internal_value)
+
+
+# A model's request body held to its schema, as BodySerializer's.
+class BodyModelSerializer(serializers.ModelSerializer[M]):
+    def to_internal_value(self, data: Any) -> Any:
+        return held_to_schema(self, data, super().to_internal_value)
 
 
 class NameRelatedField(serializers.SlugRelatedField):
-    """A related object by its name; a name no object can have (one with a
-    NUL, which PostgreSQL text refuses) does not exist rather than fail."""
+    """A related object by its name (``slug_field="name"``). A name that
+    names nothing answers as it would in a path, 404 with ``missing``'s
+    code: the request is well formed, what it names is not there (a name
+    no object can have, one with a NUL, included). A blank name is refused;
+    null, where the field allows it, stands for none."""
+
+    default_error_messages = {"blank": "May not be blank; send null for none."}
+
+    def __init__(self, *, missing: type[NotFound], what: str, **kwargs: Any) -> None:
+        super().__init__(slug_field="name", **kwargs)
+        self.missing = missing
+        self.what = what
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if data == "":  # DRF's related fields would take it as null
+            self.fail("blank")
+        return super().run_validation(data)
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and "\x00" in data:
-            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
-        return super().to_internal_value(data)
+        if not isinstance(data, str):
+            self.fail("invalid")
+        found = None if "\x00" in data else self.get_queryset().filter(name=data).first()
+        if found is None:
+            raise self.missing(f"There is no {self.what} named {data!r}.")
+        return found
 
 
 @extend_schema_field(
@@ -124,13 +245,6 @@ def payload_text(payload: bytes) -> tuple[str, str]:
         return payload.decode(), "string"
     except UnicodeDecodeError:
         return base64.b64encode(payload).decode(), "base64"
-
-
-def unknown_keys(data: Any, known: Iterable[str]) -> dict[str, list[str]]:
-    if not isinstance(data, Mapping):
-        return {}
-    known = set(known)
-    return {str(key): ["Unknown field."] for key in data if key not in known}
 
 
 def as_mapping(detail: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from django.contrib.auth.models import User
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -13,6 +14,7 @@ from rest_framework.views import APIView
 
 from broker.ha.admin import (
     NODE_NAME_MAX_LENGTH,
+    NODE_NAME_PATTERN,
     PairOverview,
     ha_overview,
     ha_resolve,
@@ -21,12 +23,12 @@ from broker.ha.admin import (
 )
 from broker.ha.diverged import diverged_republish
 from broker.models import DivergedExport, HaEvent, HaEventKind, Node
-from console.api.fields import AcceptedSerializer, parsed
+from console.api.fields import AcceptedSerializer, BodyModelSerializer, BodySerializer, parsed
 from console.api.schema import ERROR, ErrorSerializer
 from console.roles import Role
 
 
-class HaNodeSerializer(serializers.ModelSerializer[Node]):
+class HaNodeSerializer(BodyModelSerializer[Node]):
     class Meta:
         model = Node
         fields = [
@@ -41,7 +43,7 @@ class HaNodeSerializer(serializers.ModelSerializer[Node]):
         read_only_fields = fields
 
 
-class HaEventSerializer(serializers.ModelSerializer[HaEvent]):
+class HaEventSerializer(BodyModelSerializer[HaEvent]):
     # Not "kind": the schema's KindEnum is the queues' kinds.
     event = serializers.ChoiceField(choices=HaEventKind.choices, source="kind", read_only=True)
 
@@ -51,7 +53,7 @@ class HaEventSerializer(serializers.ModelSerializer[HaEvent]):
         read_only_fields = fields
 
 
-class DivergedExportSerializer(serializers.ModelSerializer[DivergedExport]):
+class DivergedExportSerializer(BodyModelSerializer[DivergedExport]):
     class Meta:
         model = DivergedExport
         fields = [
@@ -66,7 +68,7 @@ class DivergedExportSerializer(serializers.ModelSerializer[DivergedExport]):
         read_only_fields = fields
 
 
-class HaOverviewSerializer(serializers.Serializer[PairOverview]):
+class HaOverviewSerializer(BodySerializer[PairOverview]):
     epoch = serializers.SerializerMethodField()
     primary = serializers.SerializerMethodField()
     maintenance = serializers.BooleanField(
@@ -92,20 +94,24 @@ class HaOverviewSerializer(serializers.Serializer[PairOverview]):
         return (overview.pair.primary_name or None) if overview.pair else None
 
 
-class HaResolveSerializer(serializers.Serializer[dict[str, str]]):
+class HaResolveSerializer(BodySerializer[dict[str, str]]):
     primary = serializers.CharField(
-        max_length=NODE_NAME_MAX_LENGTH, help_text="The node to keep as primary."
+        max_length=NODE_NAME_MAX_LENGTH,
+        trim_whitespace=False,
+        validators=[RegexValidator(NODE_NAME_PATTERN, "Not a node name.")],
+        help_text="The node to keep as primary: letters, digits, '.', '_' or '-'.",
     )
 
 
-class RepublishedSerializer(serializers.Serializer[dict[str, int]]):
+class RepublishedSerializer(BodySerializer[dict[str, int]]):
     published = serializers.IntegerField(help_text="Messages published again.")
 
 
 REFUSED = OpenApiResponse(
     response=ErrorSerializer,
     description="A node refused the command (`ha_command_refused`): an unknown node, no split "
-    "brain to resolve, no synchronised standby to hand over to.",
+    "brain to resolve, no synchronised standby to hand over to. Or this instance runs no HA "
+    "pair (`ha_not_configured`): no broker node has recorded where it answers.",
 )
 
 

@@ -20,7 +20,7 @@ from broker.models import Message, MessageState
 from broker.selectors import message_get
 from broker.services.publish import messages_publish
 from broker.services.queues import queue_get
-from console.api.fields import payload_text
+from console.api.fields import BodyModelSerializer, payload_text
 from console.api.queues import (
     PUBLISH_EXAMPLES,
     PublishResultSerializer,
@@ -30,7 +30,7 @@ from console.api.queues import (
 from console.api.schema import ERROR
 
 
-class MessageListSerializer(serializers.ModelSerializer[Message]):
+class MessageListSerializer(BodyModelSerializer[Message]):
     queue = serializers.CharField(source="queue.name", read_only=True)
     payload_bytes = serializers.IntegerField(read_only=True)
 
@@ -55,7 +55,7 @@ class MessageListSerializer(serializers.ModelSerializer[Message]):
         read_only_fields = fields
 
 
-class MessageSerializer(serializers.ModelSerializer[Message]):
+class MessageSerializer(BodyModelSerializer[Message]):
     queue = serializers.CharField(source="queue.name", read_only=True)
     payload = serializers.SerializerMethodField()
     payload_encoding = serializers.SerializerMethodField()
@@ -143,12 +143,21 @@ class NewestFirst(CursorPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        if not raw.isdigit() or not 1 <= int(raw) <= self.max_page_size:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= self.max_page_size:
             problem = f"A whole number from 1 to {self.max_page_size}."
             raise InvalidInput(
                 f"page_size: {problem}", field_errors={self.page_size_query_param: [problem]}
             )
         return int(raw)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(
+                    minimum=1, maximum=self.max_page_size, default=self.page_size
+                )
+        return parameters
 
 
 class QueueMessagesView(ListAPIView[Message]):

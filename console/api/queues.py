@@ -15,6 +15,7 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 from rest_framework.views import APIView
 
 from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
+from broker.errors import QueueNotFound
 from broker.models import QUEUE_NAME_MAX_LENGTH, Queue
 from broker.selectors import (
     LimitState,
@@ -35,6 +36,8 @@ from broker.services.queues import (
     queue_update,
 )
 from console.api.fields import (
+    BodyModelSerializer,
+    BodySerializer,
     ExpiryField,
     NameRelatedField,
     PayloadField,
@@ -46,11 +49,12 @@ from console.api.schema import ERROR
 from console.roles import Role
 
 
-class QueueSerializer(serializers.ModelSerializer[Queue]):
+class QueueSerializer(BodyModelSerializer[Queue]):
     """A queue's name and settings."""
 
     dead_letter_queue = NameRelatedField(
-        slug_field="name",
+        missing=QueueNotFound,
+        what="dead-letter queue",
         queryset=dead_letter_queue_list(),
         allow_null=True,
         required=False,
@@ -85,7 +89,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         }
 
 
-class LimitSerializer(serializers.Serializer[LimitState]):
+class LimitSerializer(BodySerializer[LimitState]):
     """Where a queue stands against a max_messages limit."""
 
     live = serializers.IntegerField(help_text="Waiting + in-flight messages.")
@@ -93,7 +97,7 @@ class LimitSerializer(serializers.Serializer[LimitState]):
     high_water = serializers.BooleanField(help_text="At 80 % of max_messages or more.")
 
 
-class QueueSummarySerializer(serializers.Serializer[QueueSummary]):
+class QueueSummarySerializer(BodySerializer[QueueSummary]):
     """A queue: its name and settings, its messages by state and its limit."""
 
     depth = serializers.DictField(
@@ -108,7 +112,7 @@ class QueueSummarySerializer(serializers.Serializer[QueueSummary]):
         )
 
 
-class MessageInSerializer(serializers.Serializer[NewMessage]):
+class MessageInSerializer(BodySerializer[NewMessage]):
     payload = PayloadField(
         allow_blank=True, trim_whitespace=False, help_text="The body, as text or base64."
     )
@@ -118,7 +122,11 @@ class MessageInSerializer(serializers.Serializer[NewMessage]):
         help_text="How `payload` is written: `string` (UTF-8 text) or `base64` (any bytes).",
     )
     content_type = serializers.CharField(max_length=100, default="application/octet-stream")
-    headers = serializers.JSONField(default=dict, help_text="A flat object of string values.")
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        default=dict,
+        help_text="A flat object of string values.",
+    )
     priority = serializers.IntegerField(min_value=0, max_value=9, default=4)
     delay_seconds = serializers.IntegerField(min_value=0, max_value=MAX_DELAY_SECONDS, default=0)
     expires_in_seconds = ExpiryField(
@@ -155,9 +163,9 @@ class MessageInSerializer(serializers.Serializer[NewMessage]):
         )
 
 
-class PublishSerializer(serializers.Serializer[list[NewMessage]]):
-    messages = MessageInSerializer(  # type: ignore[call-arg]  # many=True builds a ListSerializer
-        many=True, allow_empty=False, max_length=settings.LAZARETTO_MAX_PUBLISH_BATCH
+class PublishSerializer(BodySerializer[list[NewMessage]]):
+    messages = serializers.ListField(
+        child=MessageInSerializer(), min_length=1, max_length=settings.LAZARETTO_MAX_PUBLISH_BATCH
     )
 
     def new_messages(self) -> list[NewMessage]:
@@ -165,18 +173,18 @@ class PublishSerializer(serializers.Serializer[list[NewMessage]]):
         return [child.to_new_message(attrs) for attrs in self.validated_data["messages"]]
 
 
-class PublishResultSerializer(serializers.Serializer[dict[str, Any]]):
+class PublishResultSerializer(BodySerializer[dict[str, Any]]):
     count = serializers.IntegerField()
     ids = serializers.ListField(child=serializers.IntegerField())
 
 
-class ConfirmSerializer(serializers.Serializer[dict[str, str]]):
+class ConfirmSerializer(BodySerializer[dict[str, str]]):
     confirm = serializers.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, help_text="The queue's name, repeated."
     )
 
 
-class PurgeResultSerializer(serializers.Serializer[dict[str, int]]):
+class PurgeResultSerializer(BodySerializer[dict[str, int]]):
     deleted = serializers.IntegerField()
 
 
@@ -206,9 +214,11 @@ def as_batch(data: Any) -> Any:
     if isinstance(data, list):
         return {"messages": data}
     if isinstance(data, dict) and "messages" not in data:
-        topic_string = data.get("topic_string", "")
         message = {key: value for key, value in data.items() if key != "topic_string"}
-        return {"messages": [message], "topic_string": topic_string}
+        batch: dict[str, Any] = {"messages": [message]}
+        if "topic_string" in data:
+            batch["topic_string"] = data["topic_string"]
+        return batch
     return data
 
 
@@ -277,9 +287,9 @@ class QueuePauseView(APIView):
 class QueuePurgeView(APIView):
     @extend_schema(
         request=ConfirmSerializer,
-        responses={200: PurgeResultSerializer, 400: ERROR, 404: ERROR},
+        responses={200: PurgeResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR},
         description="Delete every waiting (TBDL) message of the queue. `confirm` must repeat "
-        "the queue's name exactly, or nothing is deleted (400).",
+        "the queue's name exactly, or nothing is deleted (409 `confirmation_mismatch`).",
     )
     def post(self, request: Request, name: str) -> Response:
         queue = queue_get(name=name)

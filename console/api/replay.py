@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import django_filters
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
@@ -14,31 +15,43 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
+from broker.models import (
+    QUEUE_NAME_MAX_LENGTH,
+    ReplayJob,
+    ReplayJobStatus,
+    ReplaySource,
+    queue_name_validator,
+)
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
 from broker.pipeline.selection import (
+    MAX_TEXT_FILTER,
     MAX_VELOCITY,
     MessageSelection,
     ReplaySpec,
     replay_spec_parse,
 )
 from broker.pipeline.selectors import replay_job_get, replay_preview
-from console.api.fields import as_mapping, unknown_keys
+from console.api.fields import BodyModelSerializer, BodySerializer, as_mapping
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR
 
 
-class ReplayFilterSerializer(serializers.Serializer[MessageSelection]):
+class ReplayFilterSerializer(BodySerializer[MessageSelection]):
     """Which source messages a replay job takes; empty parts take everything."""
 
     queues = serializers.ListField(
-        child=serializers.CharField(),
+        child=serializers.CharField(
+            max_length=QUEUE_NAME_MAX_LENGTH, validators=[queue_name_validator]
+        ),
         default=list,
         help_text="Queue names; for a dead-letter source, the queues the messages were "
         "dead-lettered from.",
     )
     reason = serializers.CharField(
-        allow_blank=True, default="", help_text="Dead-letter reason code (`handler_error`, ...)."
+        allow_blank=True,
+        default="",
+        max_length=MAX_TEXT_FILTER,
+        help_text="Dead-letter reason code (`handler_error`, ...).",
     )
     since = serializers.DateTimeField(
         allow_null=True, default=None, help_text="Published at or after (ISO 8601)."
@@ -50,30 +63,23 @@ class ReplayFilterSerializer(serializers.Serializer[MessageSelection]):
         allow_blank=True,
         default="",
         trim_whitespace=False,
+        max_length=MAX_TEXT_FILTER,
+        validators=[RegexValidator(r"\A(?:[^=\x00]+=[^\x00]*)?\Z", "Write it as name=value.")],
         help_text="`name=value`: messages whose header `name` is `value`.",
     )
     payload_text = serializers.CharField(
         allow_blank=True,
         default="",
         trim_whitespace=False,
+        max_length=MAX_TEXT_FILTER,
         help_text="Messages whose payload contains this text.",
     )
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        unknown = unknown_keys(data, self.fields)
-        try:
-            values: dict[str, Any] = super().to_internal_value(data)
-        except serializers.ValidationError as error:
-            raise serializers.ValidationError({**as_mapping(error.detail), **unknown}) from None
-        if unknown:
-            raise serializers.ValidationError(unknown)
-        return values
 
 
 FILTER_PARTS = frozenset(field.name for field in dataclasses.fields(MessageSelection))
 
 
-class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
+class ReplaySpecSerializer(BodySerializer[ReplaySpec]):
     """What a replay job does. The shape is checked here; whether the job
     can run (queues exist, rules parse, the range is sane) is the replay
     service's to say, by field."""
@@ -103,6 +109,8 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
     velocity = serializers.IntegerField(
         allow_null=True,
         default=None,
+        min_value=1,
+        max_value=MAX_VELOCITY,
         help_text=f"At most this many messages written per second (1 to {MAX_VELOCITY}); "
         "null: no limit.",
     )
@@ -113,7 +121,6 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         """Errors in the filter are named by the filter's part (``until``,
         ``queues``), as the replay service names them."""
-        unknown = unknown_keys(data, self.fields)
         try:
             values: dict[str, Any] = super().to_internal_value(data)
         except serializers.ValidationError as error:
@@ -127,9 +134,7 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
                         detail[key if key in FILTER_PARTS else f"filter.{key}"] = messages
             elif window is not None:
                 detail["filter"] = window
-            raise serializers.ValidationError({**detail, **unknown}) from None
-        if unknown:
-            raise serializers.ValidationError(unknown)
+            raise serializers.ValidationError(detail) from None
         return values
 
     def spec(self) -> ReplaySpec:
@@ -147,7 +152,7 @@ class ReplaySpecSerializer(serializers.Serializer[ReplaySpec]):
         )
 
 
-class ReplayJobSerializer(serializers.ModelSerializer[ReplayJob]):
+class ReplayJobSerializer(BodyModelSerializer[ReplayJob]):
     """A replay job: what it does, where it stands, what it wrote."""
 
     filter = serializers.SerializerMethodField()
@@ -206,7 +211,7 @@ class ReplayJobSerializer(serializers.ModelSerializer[ReplayJob]):
         return dict(ReplayFilterSerializer(MessageSelection.from_stored(job.filters)).data)
 
 
-class ReplayPreviewSerializer(serializers.Serializer[dict[str, int]]):
+class ReplayPreviewSerializer(BodySerializer[dict[str, int]]):
     count = serializers.IntegerField(help_text="Messages the filter matches, before any rules.")
 
 

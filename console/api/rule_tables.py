@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+from django.core.validators import RegexValidator
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker.errors import QueueNotFound
 from broker.models import QUEUE_NAME_MAX_LENGTH, Queue, RuleTable, queue_name_validator
 from broker.selectors import dead_letter_queue_list
 from broker.services.rule_tables import (
+    MAX_TEXT,
     rule_table_activate,
     rule_table_create,
     rule_table_create_and_activate,
@@ -25,19 +27,73 @@ from broker.services.rule_tables import (
     rule_table_rollback,
     rule_table_update,
 )
-from console.api.fields import NameRelatedField
+from console.api.fields import (
+    NOT_BLANK,
+    BodyModelSerializer,
+    BodySerializer,
+    NameRelatedField,
+    QuerySerializer,
+)
 from console.api.schema import ERROR
 from console.roles import Role
 
 
-class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
-    queue = NameRelatedField(slug_field="name", queryset=dead_letter_queue_list())
-    text = serializers.CharField(trim_whitespace=False, help_text="The table in runmqdlq syntax.")
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
-    validation = serializers.SerializerMethodField(
-        help_text='`{"valid", "control", "rules", "errors": [{"line", "column", "message"}], '
-        '"warnings": [{"line", "column", "message"}]}`; warnings do not make a table invalid.'
+class ProblemSerializer(serializers.Serializer[dict[str, Any]]):
+    line = serializers.IntegerField()
+    column = serializers.IntegerField()
+    message = serializers.CharField()
+
+
+class ParsedRuleSerializer(serializers.Serializer[dict[str, Any]]):
+    line = serializers.IntegerField()
+    keywords = serializers.DictField(child=serializers.CharField(), help_text="As written.")
+
+
+class ValidationReportSerializer(serializers.Serializer[dict[str, Any]]):
+    valid = serializers.BooleanField()
+    control = serializers.DictField(
+        child=serializers.CharField(), help_text="The control line's keywords (INPUTQ, ...)."
     )
+    rules = ParsedRuleSerializer(many=True)
+    # A field (the serializer's metaclass takes it), not Serializer.errors.
+    errors = ProblemSerializer(many=True)  # type: ignore[assignment]
+    warnings = ProblemSerializer(many=True, help_text="They do not make a table invalid.")
+
+
+class RuleHitsSerializer(serializers.Serializer[dict[str, Any]]):
+    rule = serializers.IntegerField(help_text="Its number, from 1, in the table's order.")
+    line = serializers.IntegerField()
+    action = serializers.CharField()
+    hits = serializers.IntegerField(help_text="Waiting messages it would take first.")
+    samples = serializers.ListField(child=serializers.IntegerField(), help_text="Message ids.")
+
+
+class DryRunSerializer(serializers.Serializer[dict[str, Any]]):
+    examined = serializers.IntegerField()
+    without_header = serializers.IntegerField()
+    ignored = serializers.IntegerField()
+    rules = RuleHitsSerializer(many=True)
+
+
+def table_text(**kwargs: Any) -> serializers.CharField:
+    """A rules table's text: as written, more than whitespace, at most MAX_TEXT."""
+    return serializers.CharField(
+        trim_whitespace=False,
+        max_length=MAX_TEXT,
+        validators=[RegexValidator(NOT_BLANK, "Enter a table.")],
+        **kwargs,
+    )
+
+
+class RuleTableSerializer(BodyModelSerializer[RuleTable]):
+    queue = NameRelatedField(
+        missing=QueueNotFound, what="dead-letter queue", queryset=dead_letter_queue_list()
+    )
+    text = table_text(help_text="The table in runmqdlq syntax.")
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, default=None, allow_null=True
+    )
+    validation = serializers.SerializerMethodField()
     activate = serializers.BooleanField(
         write_only=True,
         default=False,
@@ -61,11 +117,12 @@ class RuleTableSerializer(serializers.ModelSerializer[RuleTable]):
         ]
         read_only_fields = ["id", "version", "status", "created_at", "activated_at"]
 
+    @extend_schema_field(ValidationReportSerializer)
     def get_validation(self, table: RuleTable) -> dict[str, Any]:
         return rule_table_report(text=table.text, queue=table.queue)
 
 
-class RuleTableQuerySerializer(serializers.Serializer[dict[str, str]]):
+class RuleTableQuerySerializer(QuerySerializer[dict[str, str]]):
     queue = serializers.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH,
         required=False,
@@ -74,12 +131,14 @@ class RuleTableQuerySerializer(serializers.Serializer[dict[str, str]]):
     )
 
 
-class RuleTableTextSerializer(serializers.Serializer[dict[str, str]]):
-    text = serializers.CharField(trim_whitespace=False)
+class RuleTableTextSerializer(BodySerializer[dict[str, str]]):
+    text = table_text()
 
 
-class RollbackSerializer(serializers.Serializer[dict[str, Queue]]):
-    queue = NameRelatedField(slug_field="name", queryset=dead_letter_queue_list())
+class RollbackSerializer(BodySerializer[dict[str, Queue]]):
+    queue = NameRelatedField(
+        missing=QueueNotFound, what="dead-letter queue", queryset=dead_letter_queue_list()
+    )
 
 
 class RuleTableListView(ListAPIView[RuleTable]):
@@ -129,33 +188,44 @@ class RuleTableDetailView(APIView):
         request=RuleTableTextSerializer, responses={200: RuleTableSerializer, 409: ERROR}
     )
     def patch(self, request: Request, table_id: int) -> Response:
-        serializer = RuleTableTextSerializer(data=request.data)
+        serializer = RuleTableTextSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        table = rule_table_update(
-            table=rule_table_get(table_id=table_id),
-            text=serializer.validated_data["text"],
-            actor=request.user,
-        )
+        table = rule_table_get(table_id=table_id)
+        if "text" in serializer.validated_data:  # an empty patch changes nothing
+            table = rule_table_update(
+                table=table, text=serializer.validated_data["text"], actor=request.user
+            )
         return Response(RuleTableSerializer(table).data)
 
 
-class RuleTableActionView(APIView):
-    """validate and dry-run read (viewer); activate changes (admin)."""
+class RuleTableValidateView(APIView):
+    write_role = Role.VIEWER  # it reads
 
-    operation = ""
+    @extend_schema(request=None, responses={200: ValidationReportSerializer, 404: ERROR})
+    def post(self, request: Request, table_id: int) -> Response:
+        table = rule_table_get(table_id=table_id)
+        return Response(rule_table_report(text=table.text, queue=table.queue))
 
-    def get_permissions(self) -> Sequence[Any]:
-        self.write_role = Role.ADMIN if self.operation == "activate" else Role.VIEWER
-        return super().get_permissions()
+
+class RuleTableDryRunView(APIView):
+    write_role = Role.VIEWER  # it reads
+
+    @extend_schema(
+        request=None,
+        responses={200: DryRunSerializer, 404: ERROR, 409: ERROR},
+        description="Per rule, how many of the queue's waiting messages it would take first, "
+        "with sample ids; nothing changes. A table with errors: 409 `rules_invalid`.",
+    )
+    def post(self, request: Request, table_id: int) -> Response:
+        return Response(rule_table_dry_run(table=rule_table_get(table_id=table_id)))
+
+
+class RuleTableActivateView(APIView):
+    write_role = Role.ADMIN
 
     @extend_schema(request=None, responses={200: RuleTableSerializer, 404: ERROR, 409: ERROR})
     def post(self, request: Request, table_id: int) -> Response:
-        table = rule_table_get(table_id=table_id)
-        if self.operation == "validate":
-            return Response(rule_table_report(text=table.text, queue=table.queue))
-        if self.operation == "dry-run":
-            return Response(rule_table_dry_run(table=table))
-        table = rule_table_activate(table=table, actor=request.user)
+        table = rule_table_activate(table=rule_table_get(table_id=table_id), actor=request.user)
         return Response(RuleTableSerializer(table).data)
 
 

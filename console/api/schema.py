@@ -1,13 +1,21 @@
-"""The OpenAPI schema's shared parts: the error body, and the error answers
-every operation can give (every write, too, those of the HA guard), added to
-each by a drf-spectacular hook."""
+"""The OpenAPI schema's shared parts: the error body, the error answers
+every operation can give (every write, too, those of the HA guard), and
+what makes the schema state what the serializers enforce: request bodies
+closed to unknown keys, text fields that must hold more than whitespace."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.core.validators import RegexValidator
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
+
+from console.api.fields import NO_NUL, NOT_BLANK
+
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema
 
 
 class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
@@ -35,9 +43,9 @@ COMMON = {
 WITH_BODY = {"413": "The body is larger than the server accepts."}
 # What the store's HA guard refuses (broker.ha.guard), whatever the operation.
 WRITES = {
-    "409": "Refused in the current state; among others, every configuration change (queues, "
-    "topics, subscriptions, rules tables) while an HA standby synchronises "
-    "(`ha_synchronising`).",
+    "409": "Refused in the current state: a name already taken (`already_exists`) and, among "
+    "others, every configuration change (queues, topics, subscriptions, rules tables) while "
+    "an HA standby synchronises (`ha_synchronising`).",
     "503": "The HA pair is in maintenance after a split brain (`ha_maintenance`): writes are "
     "refused until an admin picks the primary.",
 }
@@ -58,4 +66,48 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
             responses = operation.setdefault("responses", {})
             for status, description in answers.items():
                 responses.setdefault(status, {"description": description, "content": error})
+    return result
+
+
+class TextFieldExtension(OpenApiSerializerFieldExtension):
+    """What a text field refuses beyond its length, stated as a pattern in
+    requests: a NUL always, and "  " too where the field trims whitespace
+    and may not be blank (``minLength: 1`` alone would let a client send
+    it). A field with a pattern of its own (a name's) says more already."""
+
+    target_class = serializers.CharField
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: AutoSchema, direction: str) -> dict[str, Any]:
+        field = self.target
+        schema: dict[str, Any] = auto_schema._map_serializer_field(
+            field, direction, bypass_extensions=True
+        )
+        if direction != "request" or any(isinstance(v, RegexValidator) for v in field.validators):
+            return schema
+        trims = getattr(field, "trim_whitespace", False)
+        schema["pattern"] = NOT_BLANK if trims and not field.allow_blank else NO_NUL
+        return schema
+
+
+def nonempty_query_strings(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """POSTPROCESSING_HOOKS entry: a text query parameter is at least one
+    character long, as console.middleware.EmptyQueryParameterMiddleware
+    holds every query parameter to be."""
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                schema = parameter.get("schema", {})
+                if parameter.get("in") == "query" and schema.get("type") == "string":
+                    schema["minLength"] = max(1, schema.get("minLength", 0))
+    return result
+
+
+def close_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """POSTPROCESSING_HOOKS entry: a request body's object takes only the
+    keys it lists (``additionalProperties: false``), as the serializers
+    refuse any other (console.api.fields.body_errors)."""
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request") and component.get("type") == "object":
+            component["additionalProperties"] = False
     return result

@@ -5,21 +5,34 @@ from __future__ import annotations
 from typing import cast
 
 from django.contrib.auth.models import User
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.fields import BodyModelSerializer
 from console.api.schema import ERROR
 from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
 from console.roles import Role
-from console.tokens import token_create, token_get, token_revoke, tokens_of
+from console.tokens import (
+    PRINTABLE_ONLY,
+    READABLE_NAME_PATTERN,
+    token_create,
+    token_get,
+    token_revoke,
+    tokens_of,
+)
 
 
-class TokenSerializer(serializers.ModelSerializer[ApiToken]):
+class TokenSerializer(BodyModelSerializer[ApiToken]):
     user = serializers.CharField(source="user.username", read_only=True)
-    name = serializers.CharField(max_length=TOKEN_NAME_MAX_LENGTH)
+    name = serializers.CharField(
+        max_length=TOKEN_NAME_MAX_LENGTH,
+        trim_whitespace=False,
+        validators=[RegexValidator(READABLE_NAME_PATTERN, PRINTABLE_ONLY)],
+    )
 
     class Meta:
         model = ApiToken

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -12,8 +13,8 @@ from rest_framework.response import Response
 from rest_framework.utils.serializer_helpers import ReturnDict
 from rest_framework.views import APIView
 
-from broker.errors import InvalidInput
-from broker.models import Subscription, Topic
+from broker.errors import InvalidInput, TopicNotFound
+from broker.models import QUEUE_NAME_MAX_LENGTH, Subscription, Topic, queue_name_validator
 from broker.selectors import (
     SubscriptionSummary,
     subscription_summaries,
@@ -30,26 +31,41 @@ from broker.services.topics import (
     topic_delete,
     topic_get,
 )
-from console.api.fields import NameRelatedField, fields_through
+from broker.topic_grammar import (
+    MAX_TOPIC_LENGTH,
+    TOPIC_FILTER_PATTERN,
+    TOPIC_RULES,
+    TOPIC_STRING_OR_BLANK_PATTERN,
+    TOPIC_STRING_PATTERN,
+)
+from console.api.fields import BodyModelSerializer, BodySerializer, NameRelatedField, fields_through
 from console.api.queues import LimitSerializer, PublishSerializer, as_batch
 from console.api.schema import ERROR
 from console.roles import Role
 
 
-class TopicSerializer(serializers.ModelSerializer[Topic]):
+def topic_text(pattern: str) -> dict[str, Any]:
+    """A topic string's or filter's field options: taken as written (a
+    level may hold spaces), checked by ``pattern``, which the schema shows."""
+    return {"trim_whitespace": False, "validators": [RegexValidator(pattern, TOPIC_RULES)]}
+
+
+class TopicSerializer(BodyModelSerializer[Topic]):
     class Meta:
         model = Topic
         fields = ["name", "topic_string", "description", "created_at"]
         read_only_fields = ["created_at"]
+        extra_kwargs = {"topic_string": topic_text(TOPIC_STRING_PATTERN)}
 
 
-class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
+class SubscriptionSerializer(BodyModelSerializer[Subscription]):
     """A subscription of a queue to a topic."""
 
-    topic = NameRelatedField(slug_field="name", queryset=topic_list())
+    topic = NameRelatedField(missing=TopicNotFound, what="topic", queryset=topic_list())
     queue = serializers.CharField(
         source="queue.name",
-        max_length=48,
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        validators=[queue_name_validator],
         help_text="The subscription's own queue; created when it does not exist.",
     )
 
@@ -66,9 +82,10 @@ class SubscriptionSerializer(serializers.ModelSerializer[Subscription]):
             "created_at",
         ]
         read_only_fields = ["created_at"]
+        extra_kwargs = {"topic_filter": topic_text(TOPIC_FILTER_PATTERN)}
 
 
-class SubscriptionSummarySerializer(serializers.Serializer[SubscriptionSummary]):
+class SubscriptionSummarySerializer(BodySerializer[SubscriptionSummary]):
     """A subscription of a queue to a topic, with its queue's state against
     the subscription's limit."""
 
@@ -87,19 +104,20 @@ class TopicPublishSerializer(PublishSerializer):
     topic_string = serializers.CharField(
         required=False,
         allow_blank=True,
-        max_length=1024,
+        max_length=MAX_TOPIC_LENGTH,
+        validators=[RegexValidator(TOPIC_STRING_OR_BLANK_PATTERN, TOPIC_RULES)],
         trim_whitespace=False,
         help_text="Where to publish: the topic's string or one below it (default: the topic's).",
     )
 
 
-class TopicDeliverySerializer(serializers.Serializer[dict[str, Any]]):
+class TopicDeliverySerializer(BodySerializer[dict[str, Any]]):
     subscription = serializers.CharField()
     queue = serializers.CharField()
     ids = serializers.ListField(child=serializers.IntegerField())
 
 
-class TopicPublishResultSerializer(serializers.Serializer[dict[str, Any]]):
+class TopicPublishResultSerializer(BodySerializer[dict[str, Any]]):
     count = serializers.IntegerField(help_text="Messages published (before copying).")
     deliveries = TopicDeliverySerializer(many=True)
 

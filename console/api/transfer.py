@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from broker.selectors import MessageFilter
 from broker.services.transfer import FORMATS, messages_export, messages_import
-from console.api.fields import parsed
+from console.api.fields import QuerySerializer, parsed
 from console.api.schema import ERROR
 from console.api.triage import MessageQuerySerializer
 from console.roles import Role
@@ -88,7 +88,7 @@ class ExportQuerySerializer(MessageQuerySerializer):
     )
 
 
-class ImportQuerySerializer(serializers.Serializer[dict[str, bool]]):
+class ImportQuerySerializer(QuerySerializer[dict[str, bool]]):
     # A field (the serializer's metaclass takes it), not Serializer.partial.
     partial = serializers.BooleanField(  # type: ignore[assignment]
         default=False,

@@ -36,7 +36,13 @@ from broker.services.transitions.dead_lettered import (
     message_retry,
 )
 from broker.services.transitions.resubmit import message_resubmit
-from console.api.fields import NO_CONTENT, parsed
+from console.api.fields import (
+    NO_CONTENT,
+    BodyModelSerializer,
+    BodySerializer,
+    QuerySerializer,
+    parsed,
+)
 from console.api.messages import MessageListSerializer, MessageSerializer, NewestFirst, listed
 from console.api.queues import MessageInSerializer
 from console.api.schema import ERROR
@@ -44,7 +50,7 @@ from console.api.schema import ERROR
 REASON_CHOICES = sorted(LAZARETTO_REASONS)
 
 
-class MessageQuerySerializer(serializers.Serializer[MessageFilter]):
+class MessageQuerySerializer(QuerySerializer[MessageFilter]):
     """The message browser's filters as query parameters; blank means any."""
 
     queue = serializers.CharField(
@@ -57,7 +63,7 @@ class MessageQuerySerializer(serializers.Serializer[MessageFilter]):
     since = serializers.DateTimeField(required=False, help_text="Published at or after.")
     until = serializers.DateTimeField(required=False, help_text="Published before.")
     header = serializers.RegexField(
-        r"^[^=]+=.*$",
+        r"\A[^=\x00]+=[^\x00]*\Z",
         max_length=200,
         required=False,
         help_text="`name=value`: messages whose headers hold that pair.",
@@ -67,19 +73,17 @@ class MessageQuerySerializer(serializers.Serializer[MessageFilter]):
         max_length=200, required=False, trim_whitespace=False, help_text="Payload contains."
     )
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        since, until = attrs.get("since"), attrs.get("until")
-        if since and until and until <= since:
-            raise serializers.ValidationError({"until": ["Must be after since."]})
-        return attrs
-
     def message_filter(self) -> MessageFilter:
         return MessageFilter(**self.validated_data)
 
 
-class ReasonSerializer(serializers.Serializer[dict[str, str]]):
+class ReasonSerializer(BodySerializer[dict[str, str]]):
     reason = serializers.CharField(
-        max_length=500, required=False, default="", help_text="Why, for the audit log."
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Why, for the audit log.",
     )
 
 
@@ -102,11 +106,11 @@ class ResubmitSerializer(MessageInSerializer):
     )
 
 
-class ResubmitResultSerializer(serializers.Serializer[dict[str, int]]):
+class ResubmitResultSerializer(BodySerializer[dict[str, int]]):
     id = serializers.IntegerField(help_text="The new message's id.")
 
 
-class BulkRequestSerializer(serializers.Serializer[dict[str, Any]]):
+class BulkRequestSerializer(BodySerializer[dict[str, Any]]):
     action = serializers.ChoiceField(choices=sorted(TRIAGE_ACTIONS))
     ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
@@ -118,7 +122,7 @@ class BulkRequestSerializer(serializers.Serializer[dict[str, Any]]):
     filter = MessageQuerySerializer(
         required=False, help_text="Act on every blacklisted message the filter selects."
     )
-    reason = serializers.CharField(max_length=500, required=False, default="")
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("ids" in attrs) == ("filter" in attrs):
@@ -128,8 +132,10 @@ class BulkRequestSerializer(serializers.Serializer[dict[str, Any]]):
         return attrs
 
 
-class BulkJobSerializer(serializers.ModelSerializer[BulkJob]):
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+class BulkJobSerializer(BodyModelSerializer[BulkJob]):
+    created_by = serializers.CharField(
+        source="created_by.username", read_only=True, default=None, allow_null=True
+    )
     percent = serializers.IntegerField(read_only=True)
 
     class Meta:

@@ -52,7 +52,6 @@ REPLAY_JOB = "replay-jobs/<int:job_id>/"
 TOPIC = "topics/<name:name>/"
 SUBSCRIPTION = "subscriptions/<name:name>/"
 EXPORT = "ha/exports/<int:export_id>/"
-RULE_TABLE_ACTIONS = ("validate", "dry-run", "activate")
 
 urlpatterns = [
     path("queues/", queues.QueueListView.as_view(), name="api-queues"),
@@ -101,7 +100,21 @@ urlpatterns = [
         name="api-rule-table-rollback",
     ),
     path(RULE_TABLE, rule_tables.RuleTableDetailView.as_view(), name="api-rule-table"),
-    *actions(RULE_TABLE, rule_tables.RuleTableActionView, "api-rule-table", RULE_TABLE_ACTIONS),
+    path(
+        f"{RULE_TABLE}validate/",
+        rule_tables.RuleTableValidateView.as_view(),
+        name="api-rule-table-validate",
+    ),
+    path(
+        f"{RULE_TABLE}dry-run/",
+        rule_tables.RuleTableDryRunView.as_view(),
+        name="api-rule-table-dry-run",
+    ),
+    path(
+        f"{RULE_TABLE}activate/",
+        rule_tables.RuleTableActivateView.as_view(),
+        name="api-rule-table-activate",
+    ),
     path("replay-jobs/", replay.ReplayJobListView.as_view(), name="api-replay-jobs"),
     path("replay-jobs/preview/", replay.ReplayPreviewView.as_view(), name="api-replay-job-preview"),
     path(REPLAY_JOB, replay.ReplayJobDetailView.as_view(), name="api-replay-job"),

@@ -18,7 +18,12 @@ from django.utils import timezone
 from broker.errors import BrokerError, InvalidInput
 from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
-from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_spec_parse
+from broker.pipeline.selection import (
+    MessageSelection,
+    ReplaySpec,
+    replay_spec_parse,
+    window_problem,
+)
 from broker.pipeline.selectors import replay_job_get, replay_jobs_recent
 from broker.services.audit import Actor
 from workers import pipeline
@@ -181,6 +186,8 @@ class Command(BaseCommand):
         problems: dict[str, list[str]] = {}
         start = moment_option(since, "since", problems)
         end = moment_option(until, "until", problems)
+        if problem := window_problem(start, end):
+            problems["until"] = [problem]
         rules_text = self._read(rules) if rules else ""
         per_second = self._velocity(velocity, problems)
         spec: ReplaySpec | None = None
