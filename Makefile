@@ -40,7 +40,7 @@ LAZARETTO_TEST_DB_PROFILE ?= fast
 # at a time on each (--dist loadfile), each with its own test database.
 PYTEST_WORKERS ?= 2
 
-.PHONY: help venv services stop test run run-ha lint fmt bench bench-peers bench-soak clean
+.PHONY: help venv services stop test run run-ha lint fmt fuzz bench bench-peers bench-soak clean
 
 help:
 	@echo "make venv      create .venv and install requirements-dev.txt (only when it changed)"
@@ -51,6 +51,7 @@ help:
 	echo "make run-ha    the same with an HA pair: two broker nodes, a second PostgreSQL cluster"
 	echo "make lint      ruff check + ruff format --check + mypy"
 	echo "make fmt       ruff format + ruff check --fix"
+	echo "make fuzz      the REST API fuzzed from outside by schemathesis for FUZZ_SECONDS (240)"
 	echo "make bench     run every bench (python -m bench.NAME) but the long peers and soak runs"
 	echo "make bench-peers  Lazaretto beside PGMQ, PgQueuer, Procrastinate, Celery alone and the bare loop"
 	echo "make bench-soak   ten minutes at 70 % of the drain rate, then an idle transaction and the recovery"
@@ -111,6 +112,13 @@ run run-ha: venv services
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 	exec scripts/$@.sh
+
+# The REST API fuzzed from outside for FUZZ_SECONDS (240 by default):
+# schemathesis, every phase and check, against gunicorn (scripts/fuzz.sh).
+fuzz: venv services
+	@$(load_env)
+	set -x
+	bash scripts/fuzz.sh
 
 bench: venv services
 	@$(load_env)
