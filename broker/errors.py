@@ -20,14 +20,34 @@ class InvalidInput(BrokerError):
     code = "invalid"
 
 
-class AlreadyExists(InvalidInput):
-    """A name (or another unique value) another object already has: well
-    formed, but in conflict with what exists."""
+class NamesNothing(InvalidInput):
+    """Input whose only fault is naming queues that are not there: the API's
+    404, as a path naming them would be; elsewhere an error by field."""
+
+    code = "queue_not_found"
+
+
+class Conflict(InvalidInput):
+    """Well formed, but in conflict with what exists (the API's 409); the
+    console shows it beside the field it names, as any invalid input."""
+
+    code = "conflict"
+
+
+class AlreadyExists(Conflict):
+    """A name (or another unique value) another object already has."""
 
     code = "already_exists"
 
 
-class ConfirmationMismatch(InvalidInput):
+class OutsideTopic(Conflict):
+    """A subscription's filter, or a publication's topic string, that is not
+    under its topic's string."""
+
+    code = "outside_topic"
+
+
+class ConfirmationMismatch(Conflict):
     """A destructive command's confirmation does not repeat what it names
     (a purge typed with another queue's name): well formed, but not a
     confirmation of this command."""

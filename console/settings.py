@@ -237,6 +237,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.api.schema.add_error_responses",
         "console.api.schema.close_request_bodies",
+        "console.api.schema.split_request_shapes",
         "console.api.schema.nonempty_query_strings",
     ],
 }

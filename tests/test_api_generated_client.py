@@ -84,21 +84,29 @@ def client(generated, live_server, admin) -> Iterator[Any]:
 
 def test_a_generated_client_publishes_and_lists_by_filter(generated, client):
     queue_create(name="WALK.Q", consumer="noop")
-    message_in, publish = model(generated, "MessageInRequest"), model(generated, "PublishRequest")
-    headers = model(generated, "MessageInRequestHeaders").from_dict({"region": "eu"})
+    text, binary = (
+        model(generated, "TextMessageInRequest"),
+        model(generated, "Base64MessageInRequest"),
+    )
+    headers = model(generated, "TextMessageInRequestHeaders").from_dict({"region": "eu"})
+    base64 = model(generated, "PayloadEncodingEnum")("base64")
 
     answer = call(
         generated,
         "v1_queues_messages_create",
         name="WALK.Q",
         client=client,
-        body=publish(
-            messages=[message_in(payload="one", headers=headers), message_in(payload="two")]
+        body=model(generated, "PublishRequest")(
+            messages=[
+                text(payload="one", headers=headers),
+                binary(payload="/wA=", payload_encoding=base64),
+            ]
         ),
     )
 
     assert answer.status_code == 201
     assert answer.parsed.count == 2
+    assert bytes(Message.objects.get(id=answer.parsed.ids[1]).payload) == b"\xff\x00"
     found = call(generated, "v1_messages_list", client=client, queue="WALK.Q", header="region=eu")
     assert [message.id for message in found.parsed.results] == answer.parsed.ids[:1]
     assert found.parsed.results[0].state.value == "TBDL"
@@ -160,7 +168,7 @@ def test_a_generated_client_triages_one_message_of_each_kind(generated, client):
 def test_a_generated_client_fails_a_filter_in_bulk_and_follows_the_job(generated, client):
     queue_create(name="WALK.BULK", consumer="noop")
     poisoned = blacklisted("WALK.BULK", 12)
-    bulk = model(generated, "BulkRequestRequest")
+    bulk = model(generated, "BulkByFilterRequest")
     selection = model(generated, "MessageQueryRequest")(
         queue="WALK.BULK", state=model(generated, "StateEnum")("NDLV")
     )
@@ -186,7 +194,7 @@ def test_a_generated_client_fails_a_filter_in_bulk_and_follows_the_job(generated
 def test_a_generated_client_submits_a_replay_and_reads_its_progress(generated, client):
     orders = queue_create(name="WALK.REPLAY", consumer="noop")
     dead_lettered(orders, 4)
-    spec = model(generated, "ReplaySpecRequest")(
+    spec = model(generated, "DeadLetterReplaySpecRequest")(
         source=model(generated, "SourceEnum")("dead_letter"),
         source_queue="SYSTEM.DEAD.LETTER.QUEUE",
         filter_=model(generated, "ReplayFilterRequest")(queues=["WALK.REPLAY"]),

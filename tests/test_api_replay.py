@@ -143,15 +143,12 @@ def test_a_preview_counts_what_the_filter_matches_and_stores_nothing(operator_ap
         ({"dry_run": "maybe"}, "dry_run"),
         ({"source": "nowhere"}, "source"),
         ({"source_queue": ""}, "source_queue"),
-        ({"source_queue": "NO.SUCH.Q"}, "source_queue"),
         ({"source_queue": "ORDERS.IN"}, "source_queue"),
         ({"source": "blacklist"}, "source_queue"),
-        ({"target_queue": "NO.SUCH.Q"}, "target_queue"),
         ({"target_queue": DLQ}, "target_queue"),
         ({"rules_text": "ACTION(FLY)\n"}, "rules_text"),
         ({"filter": "ORDERS.IN"}, "filter"),
         ({"filter": {"queues": "ORDERS.IN"}}, "queues"),
-        ({"filter": {"queues": ["NO.SUCH.Q"]}}, "queues"),
         ({"filter": {"until": "yesterday"}}, "until"),
         ({"filter": {"header": "region"}}, "header"),
         ({"filter": {"payload_text": "x" * 1001}}, "payload_text"),
@@ -170,6 +167,25 @@ def test_a_bad_job_is_400_naming_the_field_and_nothing_is_written(
     assert field in response.json()["field_errors"], response.json()
     assert not ReplayJob.objects.exists()
     assert not AuditEvent.objects.filter(action="replay_submit").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"source_queue": "NO.SUCH.Q"}, "source_queue"),
+        ({"target_queue": "NO.SUCH.Q"}, "target_queue"),
+        ({"filter": {"queues": ["NO.SUCH.Q"]}}, "queues"),
+    ],
+)
+@pytest.mark.parametrize("path", [JOBS, PREVIEW])
+def test_a_job_naming_a_queue_that_is_not_there_is_404_by_field(
+    operator_api, orders, body, field, path
+):
+    response = operator_api.post(path, {**BASE, **body}, format="json")
+
+    assert (response.status_code, response.json()["code"]) == (404, "queue_not_found")
+    assert response.json()["field_errors"][field] == ["There is no queue named 'NO.SUCH.Q'."]
+    assert not ReplayJob.objects.exists()
 
 
 def test_rules_errors_name_their_line_and_column(operator_api):
@@ -329,6 +345,11 @@ def test_the_schema_documents_replay_jobs_and_generates_without_warnings(
         "/api/v1/replay-jobs/{job_id}/run/",
     ):
         assert path in schema["paths"]
-    spec = schema["components"]["schemas"]["ReplaySpecRequest"]["properties"]
+    shapes = schema["components"]["schemas"]["ReplaySpecRequest"]["oneOf"]
+    assert [shape["$ref"].rsplit("/", 1)[1] for shape in shapes] == [
+        "DeadLetterReplaySpecRequest",
+        "OtherSourceReplaySpecRequest",
+    ]
+    spec = schema["components"]["schemas"]["DeadLetterReplaySpecRequest"]["properties"]
     assert spec["filter"] == {"$ref": "#/components/schemas/ReplayFilterRequest"}
     assert spec["velocity"]["nullable"] is True

@@ -312,7 +312,8 @@ def test_the_topic_api_refuses_a_bad_expiry_and_writes_nothing(operator_api, db,
 def test_the_schema_documents_expires_in_seconds(operator_api):
     schema = operator_api.get("/api/schema/", HTTP_ACCEPT="application/json").json()
 
-    field = schema["components"]["schemas"]["MessageIn"]["properties"]["expires_in_seconds"]
+    message = schema["components"]["schemas"]["TextMessageInRequest"]
+    field = message["properties"]["expires_in_seconds"]
     assert field["type"] == "number"
     assert field["description"]
     assert field["maximum"] == 31_536_000

@@ -290,7 +290,7 @@ def test_an_unknown_behaviour_is_a_field_error(admin_api, orders_topic):
 
 
 @pytest.mark.parametrize(
-    "topic_string", ["orders//created", "orders/+/created", "orders/#", "/orders", "payments/x"]
+    "topic_string", ["orders//created", "orders/+/created", "orders/#", "/orders"]
 )
 def test_a_publish_topic_with_empty_levels_or_wildcards_is_refused(
     operator_api, orders_topic, topic_string
@@ -302,9 +302,15 @@ def test_a_publish_topic_with_empty_levels_or_wildcards_is_refused(
     assert Message.objects.count() == 0
 
 
-@pytest.mark.parametrize(
-    "topic_filter", ["orders/#/created", "orders/a#", "orders//x", "payments/#"]
-)
+def test_a_publish_outside_the_topic_is_a_409_conflict(operator_api, orders_topic):
+    response = publish_to_orders(operator_api, "payments/x")
+
+    assert (response.status_code, response.json()["code"]) == (409, "outside_topic")
+    assert "topic_string" in response.json()["field_errors"]
+    assert Message.objects.count() == 0
+
+
+@pytest.mark.parametrize("topic_filter", ["orders/#/created", "orders/a#", "orders//x"])
 def test_a_subscription_filter_with_misplaced_wildcards_is_refused(
     admin_api, orders_topic, topic_filter
 ):
@@ -315,6 +321,19 @@ def test_a_subscription_filter_with_misplaced_wildcards_is_refused(
     )
 
     assert response.status_code == 400
+    assert "topic_filter" in response.json()["field_errors"]
+    assert not Queue.objects.filter(name="NEW.Q").exists()
+
+
+def test_a_subscription_filter_outside_its_topic_is_a_409_conflict(admin_api, orders_topic):
+    """Well formed, but not under the topic's string: a conflict with the topic."""
+    response = admin_api.post(
+        "/api/v1/subscriptions/",
+        {"name": "NEW", "topic": "ORDERS", "topic_filter": "payments/#", "queue": "NEW.Q"},
+        format="json",
+    )
+
+    assert (response.status_code, response.json()["code"]) == (409, "outside_topic")
     assert "topic_filter" in response.json()["field_errors"]
     assert not Queue.objects.filter(name="NEW.Q").exists()
 

@@ -254,11 +254,5 @@ class Subscription(models.Model):
             return  # the field validator reports it
         root = topic_levels(self.topic.topic_string)
         if not is_under(levels, root):
-            raise ValidationError(
-                {
-                    "topic_filter": (
-                        f"The filter must start with the topic's string "
-                        f"{self.topic.topic_string!r}."
-                    )
-                }
-            )
+            problem = f"The filter must start with the topic's string {self.topic.topic_string!r}."
+            raise ValidationError({"topic_filter": ValidationError(problem, code="outside_topic")})

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker.errors import InvalidInput
+from broker.errors import InvalidInput, NamesNothing
 from broker.models import Queue, QueueKind, ReplayJob, ReplaySource
 from broker.rules import parse
 
@@ -85,6 +85,9 @@ class ReplaySpec:
         )
 
 
+NO_QUEUE = "There is no queue named"
+
+
 def _queue_problems(spec: ReplaySpec) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     names = {spec.source_queue, spec.target_queue, *spec.filter.queues} - {""}
@@ -94,18 +97,18 @@ def _queue_problems(spec: ReplaySpec) -> dict[str, list[str]]:
         if not spec.source_queue:
             errors["source_queue"] = ["Name the dead-letter queue to replay from."]
         elif source is None:
-            errors["source_queue"] = [f"There is no queue named {spec.source_queue!r}."]
+            errors["source_queue"] = [f"{NO_QUEUE} {spec.source_queue!r}."]
         elif source.kind != QueueKind.DEAD_LETTER:
             errors["source_queue"] = [f"{spec.source_queue} is not a dead-letter queue."]
     elif spec.source_queue:
         errors["source_queue"] = ["Only a dead-letter source names a source queue."]
     unknown = sorted(set(spec.filter.queues) - set(queues))
     if unknown:
-        errors["queues"] = [f"There is no queue named {', '.join(map(repr, unknown))}."]
+        errors["queues"] = [f"{NO_QUEUE} {', '.join(map(repr, unknown))}."]
     if spec.target_queue:
         target = queues.get(spec.target_queue)
         if target is None:
-            errors["target_queue"] = [f"There is no queue named {spec.target_queue!r}."]
+            errors["target_queue"] = [f"{NO_QUEUE} {spec.target_queue!r}."]
         elif target.kind == QueueKind.DEAD_LETTER:
             errors["target_queue"] = [
                 f"{spec.target_queue} is a dead-letter queue; replay to a queue that delivers."
@@ -147,6 +150,9 @@ def replay_validate(spec: ReplaySpec) -> None:
                 f"line {error.line}, column {error.column}: {error.message}"
                 for error in result.errors
             ]
+    if errors and all(message.startswith(NO_QUEUE) for m in errors.values() for message in m):
+        # Only names that name nothing: as a path naming no queue would be.
+        raise NamesNothing("The replay job names queues that are not there.", field_errors=errors)
     if errors:
         raise InvalidInput("The replay job is not valid.", field_errors=errors)
 

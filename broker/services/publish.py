@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from broker.errors import (
     BatchTooLarge,
     InvalidInput,
+    OutsideTopic,
     PayloadTooLarge,
     QueueIsDeadLetter,
     QueueNotFound,
@@ -221,7 +222,7 @@ def topic_publish(
         raise InvalidInput(str(error), field_errors={"topic_string": [str(error)]}) from None
     if not is_under(levels, topic_levels(topic.topic_string)):
         problem = f"The topic string must be {topic.topic_string!r} or below it."
-        raise InvalidInput(problem, field_errors={"topic_string": [problem]})
+        raise OutsideTopic(problem, field_errors={"topic_string": [problem]})
     subscriptions = [
         subscription
         for subscription in topic.subscriptions.select_related("queue").order_by("name")

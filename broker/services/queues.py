@@ -130,6 +130,8 @@ def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
         )
     if fields.get("kind") == QueueKind.DEAD_LETTER and queue.kind != QueueKind.DEAD_LETTER:
         _refuse_if_live(queue, "become a dead-letter queue")
+    if queue.kind == QueueKind.DEAD_LETTER and fields.get("kind", queue.kind) != queue.kind:
+        _refuse_if_dead_letter_queue_of_others(queue)
     changed = {key: value for key, value in fields.items() if getattr(queue, key) != value}
     for key, value in changed.items():
         setattr(queue, key, value)
@@ -145,6 +147,22 @@ def queue_update(*, queue: Queue, actor: Actor = None, **fields: Any) -> Queue:
             details={"changed": sorted(changed)},
         )
     return queue
+
+
+def _refuse_if_dead_letter_queue_of_others(queue: Queue) -> None:
+    """A dead-letter queue that other queues send to keeps its kind: they
+    would be left sending to a queue that is no dead-letter queue."""
+    users = list(
+        Queue.objects.filter(dead_letter_queue=queue)
+        .exclude(id=queue.id)
+        .order_by("name")
+        .values_list("name", flat=True)[:5]
+    )
+    if users:
+        raise QueueInUse(
+            f"{queue.name} is the dead-letter queue of {', '.join(users)}; it stays one.",
+            field_errors={"kind": ["Other queues dead-letter to this one."]},
+        )
 
 
 def _refuse_if_live(queue: Queue, what: str) -> None:

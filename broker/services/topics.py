@@ -10,6 +10,7 @@ from django.db import transaction
 from broker.errors import (
     AlreadyExists,
     InvalidInput,
+    OutsideTopic,
     QueueInUse,
     SubscriptionNotFound,
     TopicNotFound,
@@ -23,14 +24,23 @@ SUBSCRIPTION_FIELDS = frozenset(
 )
 
 
+# Problems that are conflicts with what exists (409 in the API), by their codes.
+CONFLICTS: dict[frozenset[str], type[InvalidInput]] = {
+    frozenset({"unique"}): AlreadyExists,
+    frozenset({"outside_topic"}): OutsideTopic,
+}
+
+
 def _validated(
     instance: Topic | Subscription, *, unique: bool = True, exclude: list[str] | None = None
 ) -> None:
     try:
         instance.full_clean(validate_unique=unique, exclude=exclude)
     except ValidationError as error:
-        codes = {problem.code for problems in error.error_dict.values() for problem in problems}
-        refusal = AlreadyExists if codes == {"unique"} else InvalidInput
+        codes = {
+            str(problem.code) for problems in error.error_dict.values() for problem in problems
+        }
+        refusal = CONFLICTS.get(frozenset(codes), InvalidInput)
         raise refusal(
             f"The {type(instance).__name__.lower()} is not valid.", field_errors=error.message_dict
         ) from None

@@ -36,8 +36,8 @@ DATABASE_ERRORS = (DatabaseError, psycopg.Error)
 # NotFound, listed or not, is 404; anything else unlisted is 400.
 BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.InvalidInput: status.HTTP_400_BAD_REQUEST,
-    broker_errors.ConfirmationMismatch: status.HTTP_409_CONFLICT,
-    broker_errors.AlreadyExists: status.HTTP_409_CONFLICT,
+    broker_errors.Conflict: status.HTTP_409_CONFLICT,
+    broker_errors.NamesNothing: status.HTTP_404_NOT_FOUND,
     broker_errors.BatchTooLarge: status.HTTP_400_BAD_REQUEST,
     broker_errors.NotFound: status.HTTP_404_NOT_FOUND,
     broker_errors.QueueNotFound: status.HTTP_404_NOT_FOUND,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -14,7 +16,13 @@ from rest_framework.response import Response
 from rest_framework.utils.serializer_helpers import ReturnDict
 from rest_framework.views import APIView
 
-from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
+from broker.consumers import (
+    MAX_WEBHOOK_TIMEOUT_SECONDS,
+    MIN_WEBHOOK_TIMEOUT_SECONDS,
+    handler_names,
+    validate_consumer,
+    validate_webhook_url,
+)
 from broker.errors import QueueNotFound
 from broker.models import QUEUE_NAME_MAX_LENGTH, Queue
 from broker.selectors import (
@@ -45,8 +53,53 @@ from console.api.fields import (
     fields_through,
     parsed,
 )
-from console.api.schema import ERROR
+from console.api.schema import ERROR, one_of
 from console.roles import Role
+
+# A webhook URL as the schema states it: http(s), a host name (an address
+# the outbound checks would refuse for a literal IP is left to them), an
+# optional port and path. Whether the host may be reached is checked on
+# save and at each connection (broker.outbound).
+WEBHOOK_URL = r"https?://(?:[A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(?::[1-9][0-9]{0,3})?(?:/[!-~]*)?"
+
+
+class ConsumerPattern(RegexValidator):
+    """A queue's consumer: blank, a registered handler's name or a webhook
+    URL. The model's own check runs first, for its reasons (the handlers
+    known, the address refused); the pattern, which the schema states, then
+    refuses what it takes beyond that. The handlers are those registered
+    when the pattern is read (start-up has loaded LAZARETTO_CONSUMER_MODULES
+    by then)."""
+
+    message = "Name a registered handler or an http(s) webhook URL with a host name."
+
+    def __init__(self) -> None:
+        super().__init__(regex="", message=self.message)
+
+    def __call__(self, value: Any) -> None:
+        validate_consumer(value)
+        super().__call__(value)
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        names = "|".join(re.escape(name) for name in handler_names())
+        return re.compile(rf"\A(?:{names}|{WEBHOOK_URL})?\Z")
+
+    @regex.setter
+    def regex(self, value: object) -> None:
+        pass  # computed from the registered handlers
+
+
+class WebhookPattern(RegexValidator):
+    """An alarm webhook: blank or an http(s) URL, the model's check first
+    (as ConsumerPattern)."""
+
+    def __init__(self) -> None:
+        super().__init__(rf"\A(?:{WEBHOOK_URL})?\Z", "An http(s) URL with a host name.")
+
+    def __call__(self, value: Any) -> None:
+        validate_webhook_url(value)
+        super().__call__(value)
 
 
 class QueueSerializer(BodyModelSerializer[Queue]):
@@ -80,13 +133,25 @@ class QueueSerializer(BodyModelSerializer[Queue]):
         read_only_fields = ["created_at", "updated_at"]
         # Secrets are written, never read back.
         extra_kwargs = {
-            name: {
-                "write_only": True,
-                "help_text": "Shared secret (16 to 256 characters) that signs each webhook "
-                "POST with HMAC-SHA256 (Lazaretto-Signature); write-only; blank: unsigned.",
-            }
-            for name in SECRET_SETTINGS
+            **{
+                name: {
+                    "write_only": True,
+                    "help_text": "Shared secret (16 to 256 characters) that signs each webhook "
+                    "POST with HMAC-SHA256 (Lazaretto-Signature); write-only; blank: unsigned.",
+                }
+                for name in SECRET_SETTINGS
+            },
+            "consumer": {"validators": [ConsumerPattern()]},
+            "alarm_webhook_url": {"validators": [WebhookPattern()]},
         }
+
+
+class QueueSettingsSerializer(QueueSerializer):
+    """A queue's settings as an update takes them: all but its name, which
+    never changes."""
+
+    class Meta(QueueSerializer.Meta):
+        read_only_fields = [*QueueSerializer.Meta.read_only_fields, "name"]
 
 
 class LimitSerializer(BodySerializer[LimitState]):
@@ -112,6 +177,25 @@ class QueueSummarySerializer(BodySerializer[QueueSummary]):
         )
 
 
+# Text, or base64 (the alphabet, padded, as base64.b64decode(validate=True)
+# takes it) when payload_encoding says so.
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+PAYLOAD_SHAPES = (
+    {"properties": {"payload_encoding": {"enum": ["string"]}}},
+    {
+        "required": ["payload_encoding"],
+        "properties": {"payload_encoding": {"enum": ["base64"]}, "payload": {"pattern": BASE64}},
+    },
+)
+
+
+def payload_shapes(name: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """A message body's two shapes: ``Text<name>Request`` and ``Base64<name>Request``."""
+    text, binary = PAYLOAD_SHAPES
+    return (f"Text{name}Request", text), (f"Base64{name}Request", binary)
+
+
+@one_of(*payload_shapes("MessageIn"))
 class MessageInSerializer(BodySerializer[NewMessage]):
     payload = PayloadField(
         allow_blank=True, trim_whitespace=False, help_text="The body, as text or base64."
@@ -250,17 +334,21 @@ class QueueDetailView(APIView):
     def get(self, request: Request, name: str) -> Response:
         return Response(queue_json(queue_get(name=name)))
 
-    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
+    @extend_schema(
+        request=QueueSettingsSerializer, responses={200: QueueSummarySerializer, 400: ERROR}
+    )
     def put(self, request: Request, name: str) -> Response:
         return self._update(request, name, partial=False)
 
-    @extend_schema(request=QueueSerializer, responses={200: QueueSummarySerializer, 400: ERROR})
+    @extend_schema(
+        request=QueueSettingsSerializer, responses={200: QueueSummarySerializer, 400: ERROR}
+    )
     def patch(self, request: Request, name: str) -> Response:
         return self._update(request, name, partial=True)
 
     def _update(self, request: Request, name: str, *, partial: bool) -> Response:
         queue = queue_get(name=name)
-        serializer = QueueSerializer(queue, data=request.data, partial=partial)
+        serializer = QueueSettingsSerializer(queue, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
         return Response(
             queue_json(queue_update(queue=queue, actor=request.user, **serializer.validated_data))

@@ -33,7 +33,7 @@ from broker.pipeline.selection import (
 from broker.pipeline.selectors import replay_job_get, replay_preview
 from console.api.fields import BodyModelSerializer, BodySerializer, as_mapping
 from console.api.messages import NewestFirst
-from console.api.schema import ERROR
+from console.api.schema import ERROR, one_of
 
 
 class ReplayFilterSerializer(BodySerializer[MessageSelection]):
@@ -79,6 +79,23 @@ class ReplayFilterSerializer(BodySerializer[MessageSelection]):
 FILTER_PARTS = frozenset(field.name for field in dataclasses.fields(MessageSelection))
 
 
+# A dead-letter source names its dead-letter queue; every other names none.
+OTHER_SOURCES = [value for value in ReplaySource.values if value != ReplaySource.DEAD_LETTER]
+
+
+@one_of(
+    (
+        "DeadLetterReplaySpecRequest",
+        {
+            "required": ["source_queue"],
+            "properties": {"source": {"enum": ["dead_letter"]}, "source_queue": {"minLength": 1}},
+        },
+    ),
+    (
+        "OtherSourceReplaySpecRequest",
+        {"properties": {"source": {"enum": OTHER_SOURCES}, "source_queue": {"maxLength": 0}}},
+    ),
+)
 class ReplaySpecSerializer(BodySerializer[ReplaySpec]):
     """What a replay job does. The shape is checked here; whether the job
     can run (queues exist, rules parse, the range is sane) is the replay

@@ -5,7 +5,9 @@ closed to unknown keys, text fields that must hold more than whitespace."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.validators import RegexValidator
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -100,6 +102,60 @@ def nonempty_query_strings(result: dict[str, Any], **kwargs: Any) -> dict[str, A
                 schema = parameter.get("schema", {})
                 if parameter.get("in") == "query" and schema.get("type") == "string":
                     schema["minLength"] = max(1, schema.get("minLength", 0))
+    return result
+
+
+# The shapes a request body takes that its serializer's own validation
+# tells apart, beyond its fields' constraints, by serializer (one_of).
+Shape = tuple[str, dict[str, Any]]
+SHAPES: dict[str, tuple[Shape, ...]] = {}
+S = TypeVar("S", bound=type)
+
+
+def one_of(*shapes: Shape) -> Callable[[S], S]:
+    """Class decorator: the serializer's request body is exactly one of
+    ``shapes``, each ``(component name, {"required": [...], "properties":
+    {name: constraints to add, or None to leave the field out}})``. The
+    schema then offers each shape as a whole object of its own, so that a
+    generated client has a model for each (bulk by ``ids`` or by
+    ``filter``, a payload as text or as base64)."""
+
+    def register(serializer_class: S) -> S:
+        SHAPES[serializer_class.__name__.removesuffix("Serializer")] = shapes
+        return serializer_class
+
+    return register
+
+
+def _shape(component: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
+    variant = copy.deepcopy(component)
+    for name, constraints in shape.get("properties", {}).items():
+        if constraints is None:
+            variant["properties"].pop(name, None)
+        else:
+            variant["properties"][name] = {**variant["properties"][name], **constraints}
+    required = [name for name in variant.get("required", []) if name in variant["properties"]]
+    variant["required"] = sorted({*required, *shape.get("required", [])})
+    for name in shape.get("required", []):
+        variant["properties"][name].pop("default", None)  # a shape that needs it has none
+    return variant
+
+
+def split_request_shapes(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """POSTPROCESSING_HOOKS entry, after close_request_bodies: a request
+    component whose serializer has shapes (one_of) becomes ``oneOf`` its
+    shapes, each a component of its own."""
+    components = result.get("components", {}).get("schemas", {})
+    for base, shapes in SHAPES.items():
+        component = components.get(f"{base}Request")
+        if component is None:
+            continue
+        for name, shape in shapes:
+            components[name] = _shape(component, shape)
+        components[f"{base}Request"] = {
+            "oneOf": [{"$ref": f"#/components/schemas/{name}"} for name, _ in shapes],
+            "description": component.get("description", ""),
+        }
     return result
 
 

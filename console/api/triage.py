@@ -44,8 +44,8 @@ from console.api.fields import (
     parsed,
 )
 from console.api.messages import MessageListSerializer, MessageSerializer, NewestFirst, listed
-from console.api.queues import MessageInSerializer
-from console.api.schema import ERROR
+from console.api.queues import MessageInSerializer, payload_shapes
+from console.api.schema import ERROR, one_of
 
 REASON_CHOICES = sorted(LAZARETTO_REASONS)
 
@@ -94,6 +94,7 @@ class ForwardSerializer(ReasonSerializer):
     )
 
 
+@one_of(*payload_shapes("Resubmit"))
 class ResubmitSerializer(MessageInSerializer):
     # A corrected copy is published at once and never expires.
     delay_seconds = None  # type: ignore[assignment]
@@ -110,6 +111,10 @@ class ResubmitResultSerializer(BodySerializer[dict[str, int]]):
     id = serializers.IntegerField(help_text="The new message's id.")
 
 
+@one_of(
+    ("BulkByIdsRequest", {"required": ["ids"], "properties": {"filter": None}}),
+    ("BulkByFilterRequest", {"required": ["filter"], "properties": {"ids": None}}),
+)
 class BulkRequestSerializer(BodySerializer[dict[str, Any]]):
     action = serializers.ChoiceField(choices=sorted(TRIAGE_ACTIONS))
     ids = serializers.ListField(
