@@ -153,11 +153,16 @@ def validate_webhook_url(url: str) -> None:
     at each connection)."""
     if not url:
         return
-    parts = urlsplit(url)
+    problem = ValidationError(
+        "A webhook must be an http:// or https:// URL with a host.", code="bad_webhook"
+    )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError:  # "http://[", "http://host:99999/"
+        raise problem from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ValidationError(
-            "A webhook must be an http:// or https:// URL with a host.", code="bad_webhook"
-        )
+        raise problem
     try:
         check_url(url, unresolved_ok=True)
     except DestinationRefused as refused:

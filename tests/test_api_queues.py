@@ -75,6 +75,8 @@ def test_a_dead_letter_queue_that_is_not_there_is_a_404(admin_api, orders, name)
         ("kind", "topic"),
         ("max_payload_bytes", 0),
         ("dead_letter_queue", ""),
+        ("consumer", "http://["),
+        ("alarm_webhook_url", "http://hooks.example:99999/"),
         ("consumer", "ftp://files.example.com/in"),
         ("consumer", "file:///etc/passwd"),
         ("consumer", "javascript:alert(1)"),

@@ -56,11 +56,13 @@ from console.api.fields import (
 from console.api.schema import ERROR, one_of
 from console.roles import Role
 
-# A webhook URL as the schema states it: http(s), a host name (an address
-# the outbound checks would refuse for a literal IP is left to them), an
-# optional port and path. Whether the host may be reached is checked on
-# save and at each connection (broker.outbound).
-WEBHOOK_URL = r"https?://(?:[A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(?::[1-9][0-9]{0,3})?(?:/[!-~]*)?"
+# A webhook URL as the schema states it: http(s), a host name or an IPv4
+# address, an optional port and path. Whether the host may be reached is
+# this instance's policy, checked on save and at each connection
+# (broker.outbound, LAZARETTO_WEBHOOK_ALLOWED_NETWORKS).
+PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+HOST = r"(?:(?:[A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(?:\.[0-9]{1,3}){3})"
+WEBHOOK_URL = rf"https?://{HOST}(?::{PORT})?(?:/[!-~]*)?"
 
 
 class ConsumerPattern(RegexValidator):
