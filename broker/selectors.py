@@ -17,6 +17,7 @@ from django.db.models import (
     F,
     Func,
     IntegerField,
+    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -31,6 +32,7 @@ from broker.models import (
     AuditEvent,
     BulkJob,
     DeadLetterActionTotal,
+    DeadLetterScan,
     Heartbeat,
     Message,
     MessageState,
@@ -330,31 +332,97 @@ def audit_page(
     return found[:size], (found[size - 1].id if len(found) > size else None)
 
 
+NO_HEADER = "(no header)"
+
+
 @dataclass(frozen=True)
 class DeadLetterGroups:
     """A dead-letter queue's waiting messages counted by reason and by the
-    queue they came from."""
+    queue they came from (most first; NO_HEADER for messages without a
+    dead-letter header), and when the one waiting longest arrived."""
 
     by_reason: list[tuple[str, int]]
     by_original_queue: list[tuple[str, int]]
+    oldest_at: datetime | None = None
+
+
+def _most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def dead_letter_groups_of(*, queue_ids: Iterable[int]) -> dict[int, DeadLetterGroups]:
+    """Each queue's grouped counts (every queue present): one GROUP BY over
+    the queues' waiting messages (message_waiting_idx)."""
+    ids = list(queue_ids)
+    rows = (
+        Message.objects.filter(queue_id__in=ids, state=MessageState.TO_BE_DELIVERED)
+        .annotate(
+            reason=KeyTextTransform("reason", "dead_letter"),
+            origin=KeyTextTransform("original_queue", "dead_letter"),
+        )
+        .values("queue_id", "reason", "origin")
+        .annotate(count=Count("id"), oldest=Min("enqueued_at"))
+        .order_by()
+    )
+    reasons: dict[int, dict[str, int]] = {queue_id: defaultdict(int) for queue_id in ids}
+    origins: dict[int, dict[str, int]] = {queue_id: defaultdict(int) for queue_id in ids}
+    oldest: dict[int, datetime] = {}
+    for row in rows:
+        queue_id = row["queue_id"]
+        reasons[queue_id][row["reason"] or NO_HEADER] += row["count"]
+        origins[queue_id][row["origin"] or NO_HEADER] += row["count"]
+        if queue_id not in oldest or row["oldest"] < oldest[queue_id]:
+            oldest[queue_id] = row["oldest"]
+    return {
+        queue_id: DeadLetterGroups(
+            by_reason=_most_first(reasons[queue_id]),
+            by_original_queue=_most_first(origins[queue_id]),
+            oldest_at=oldest.get(queue_id),
+        )
+        for queue_id in ids
+    }
 
 
 def dead_letter_groups(*, queue: Queue) -> DeadLetterGroups:
-    """Grouped counts over the queue's waiting messages (message_waiting_idx)."""
-    waiting = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED)
+    """One queue's grouped counts (``dead_letter_groups_of``)."""
+    return dead_letter_groups_of(queue_ids=[queue.id])[queue.id]
 
-    def grouped(key: str) -> list[tuple[str, int]]:
-        rows = (
-            waiting.annotate(group=KeyTextTransform(key, "dead_letter"))
-            .values("group")
-            .annotate(count=Count("id"))
-            .order_by("-count", "group")
+
+@dataclass(frozen=True)
+class DeadLetterTriage:
+    """What an operator starting triage sees of one dead-letter queue: its
+    depth, its waiting messages grouped, the active rules table version, and
+    the handler's last scan (None: never scanned)."""
+
+    queue: Queue
+    waiting: int
+    groups: DeadLetterGroups
+    active: RuleTable | None
+    last_scan: DeadLetterScan | None
+
+
+def dead_letter_triage() -> list[DeadLetterTriage]:
+    """Every dead-letter queue by name with what triage starts from: four
+    queries however many queues and messages (queues with their last scan,
+    active tables, depth counters, one grouped count)."""
+    queues = list(dead_letter_queue_list().select_related("last_scan"))
+    ids = [queue.id for queue in queues]
+    active = {
+        table.queue_id: table
+        for table in RuleTable.objects.filter(queue_id__in=ids, status=RuleTableStatus.ACTIVE)
+    }
+    depths = queue_depths(queue_ids=ids)
+    groups = dead_letter_groups_of(queue_ids=ids)
+    return [
+        DeadLetterTriage(
+            queue=queue,
+            waiting=depths[queue.id][MessageState.TO_BE_DELIVERED],
+            groups=groups[queue.id],
+            active=active.get(queue.id),
+            last_scan=getattr(queue, "last_scan", None),
         )
-        return [(row["group"] or "(no header)", row["count"]) for row in rows]
-
-    return DeadLetterGroups(
-        by_reason=grouped("reason"), by_original_queue=grouped("original_queue")
-    )
+        for queue in queues
+    ]
 
 
 @dataclass(frozen=True)

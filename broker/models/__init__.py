@@ -66,6 +66,7 @@ from broker.models.queues import (
 )
 from broker.models.rules import (
     DeadLetterAttempt,
+    DeadLetterScan,
     RuleTable,
     RuleTableStatus,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "Counts",
     "DeadLetterActionTotal",
     "DeadLetterAttempt",
+    "DeadLetterScan",
     "DivergedExport",
     "HaEvent",
     "HaEventKind",

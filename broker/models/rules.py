@@ -67,3 +67,27 @@ class DeadLetterAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"message {self.message_id} rule {self.rule_number}: {self.attempts}"
+
+
+class DeadLetterScan(models.Model):
+    """The dead-letter handler's last scan of a dead-letter queue: when it
+    ended, under which table version, and what it did (the counts of
+    ``broker.services.dead_letters.ScanResult``). One row per queue,
+    replaced by every scan, so an operator sees whether the handler runs
+    even when it finds nothing to do."""
+
+    queue = models.OneToOneField(
+        Queue, on_delete=models.CASCADE, primary_key=True, related_name="last_scan"
+    )
+    rule_table_version = models.PositiveIntegerField()
+    finished_at = models.DateTimeField()
+    examined = models.PositiveIntegerField()
+    retried = models.PositiveIntegerField()
+    forwarded = models.PositiveIntegerField()
+    discarded = models.PositiveIntegerField()
+    ignored = models.PositiveIntegerField()
+    failed = models.PositiveIntegerField()
+    without_header = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} scanned at {self.finished_at} (v{self.rule_table_version})"

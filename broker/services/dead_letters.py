@@ -24,15 +24,23 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from functools import cache, partial
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
-from broker.models import DeadLetterAttempt, Overflow, Queue, QueueKind, RuleTable
+from broker.models import (
+    DeadLetterAttempt,
+    DeadLetterScan,
+    Overflow,
+    Queue,
+    QueueKind,
+    RuleTable,
+)
 from broker.rules import Rule, RulesTable, applicable_rule, destination, parse
 from broker.rules import message_attributes as rules_attributes
 from broker.selectors import active_rule_table, live_count, queue_depths
@@ -124,6 +132,8 @@ class ScanResult:
         return self.retried + self.forwarded + self.discarded
 
 
+SCAN_COUNTS = tuple(count.name for count in fields(ScanResult))
+
 Used = dict[tuple[int, int], int]
 
 
@@ -188,9 +198,29 @@ def dead_letter_scan(*, queue: Queue) -> ScanResult:
                 )
                 messages = cursor.fetchall()
             if not messages:
+                _scan_record(queue, row, result)
                 return result
             after = messages[-1][0]
             _process_chunk(queue, row, table, messages, result)
+
+
+def _scan_record(queue: Queue, row: RuleTable, result: ScanResult) -> None:
+    """Replace the queue's last-scan row (DeadLetterScan) with this scan's
+    outcome: one upsert, so concurrent handlers on one queue never collide."""
+    counts = {name: getattr(result, name) for name in SCAN_COUNTS}
+    DeadLetterScan.objects.bulk_create(
+        [
+            DeadLetterScan(
+                queue=queue,
+                rule_table_version=row.version,
+                finished_at=timezone.now(),
+                **counts,
+            )
+        ],
+        update_conflicts=True,
+        unique_fields=["queue"],
+        update_fields=["rule_table_version", "finished_at", *counts],
+    )
 
 
 def _used(row: RuleTable, ids: list[int]) -> Used:

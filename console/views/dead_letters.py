@@ -1,4 +1,5 @@
-"""Dead-letter queues: their waiting messages by reason and origin; retry,
+"""Dead-letter queues: where triage starts (every queue's depth, waiting
+messages by reason and origin, rules and last scan); retry,
 forward or discard one; apply the active rules now; and the rules table
 editor with its versions, activation and rollback."""
 
@@ -14,11 +15,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from broker.models import Queue, RuleTable
 from broker.selectors import (
+    NO_HEADER,
     MessageFilter,
     active_rule_table,
     dead_letter_groups,
     dead_letter_queue_get,
-    dead_letter_queue_list,
+    dead_letter_triage,
     messages_page,
     queue_names,
     rule_table_version,
@@ -55,7 +57,9 @@ from console.views.common import (
 @require_GET
 @role_required(Role.VIEWER)
 def dead_letter_queues(request: HttpRequest) -> HttpResponse:
-    context = {"queues": dead_letter_queue_list()}
+    """Where triage starts: each dead-letter queue's depth, oldest waiting
+    message, counts by reason and origin, rules table and last scan."""
+    context = {"triage": dead_letter_triage(), "no_header": NO_HEADER}
     return render(request, "console/dead_letter_queues.html", context)
 
 
