@@ -1,7 +1,11 @@
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerView,
+)
 
 from console.api.errors import unknown_path
 from console.views import (
@@ -91,6 +95,15 @@ urlpatterns = [
         "api/docs/",
         login_required(SpectacularSwaggerView.as_view(url_name="api-schema")),
         name="api-docs",
+    ),
+    path(
+        "api/redoc/",
+        login_required(
+            SpectacularRedocView.as_view(
+                url_name="api-schema", template_name="console/api_redoc.html"
+            )
+        ),
+        name="api-redoc",
     ),
     # Last: whatever else is under /api/ answers the API's JSON 404.
     re_path(r"^api/", unknown_path, name="api-unknown-path"),

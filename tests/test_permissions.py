@@ -101,6 +101,7 @@ CONSOLE: list[Row] = [
     *route("metrics", "/metrics", GET=None),
     *route("login", "/login/", GET=None),
     *route("api-docs", "/api/docs/", GET=VIEWER),
+    *route("api-redoc", "/api/redoc/", GET=VIEWER),
     *route("logout", "/logout/", POST=None),
 ]
 
