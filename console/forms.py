@@ -19,6 +19,7 @@ from broker.models import (
     MessageState,
     Overflow,
     Queue,
+    QueueKind,
     ReplaySource,
 )
 from broker.pipeline.selection import (
@@ -28,6 +29,7 @@ from broker.pipeline.selection import (
     window_problem,
 )
 from broker.selectors import dead_letter_queue_list, ha_node_names, queue_names, topic_list
+from broker.services.publish import NewMessage
 from broker.services.queues import LIMIT_SETTINGS, QUEUE_SETTINGS, SECRET_SETTINGS
 from broker.services.transitions.blacklist import TRIAGE_ACTIONS
 
@@ -155,6 +157,64 @@ class QueueSettingsForm(forms.ModelForm):
         elif secret:
             cleaned["webhook_secret"] = secret
         return cleaned
+
+
+class QueueCreateForm(forms.Form):
+    """A new queue's name, kind, consumer and description; the queue service
+    checks the name and the consumer (errors beside these fields)."""
+
+    name = forms.CharField(
+        max_length=QUEUE_NAME_MAX_LENGTH,
+        help_text="1 to 48 letters, digits and . _ / %, e.g. PAYROLL.IN",
+    )
+    kind = forms.ChoiceField(choices=QueueKind.choices, initial=QueueKind.STANDARD)
+    consumer = forms.CharField(max_length=2048, required=False)
+    description = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        handlers = ", ".join(handler_names())
+        self.fields[
+            "consumer"
+        ].help_text = (
+            f"A handler name ({handlers}) or an http(s) webhook URL; blank: nothing delivers."
+        )
+
+
+class PublishForm(forms.Form):
+    """One test message as an operator types it: text payload, headers as
+    name=value lines."""
+
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "class": "code"}), strip=False, required=False
+    )
+    content_type = forms.CharField(max_length=100, initial="text/plain")
+    headers = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "class": "code"}),
+        required=False,
+        help_text="One name=value a line, e.g. region=eu",
+    )
+    priority = forms.IntegerField(min_value=0, max_value=9, initial=4, help_text="0-9")
+
+    def clean_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data["headers"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, equals, value = line.partition("=")
+            if not equals or not name.strip():
+                raise forms.ValidationError(f"Line {number}: write it as name=value.")
+            headers[name.strip()] = value.strip()
+        return headers
+
+    def new_message(self) -> NewMessage:
+        data = self.cleaned_data
+        return NewMessage(
+            payload=data["payload"].encode(),
+            content_type=data["content_type"],
+            headers=data["headers"],
+            priority=data["priority"],
+        )
 
 
 class PurgeForm(forms.Form):

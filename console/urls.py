@@ -37,6 +37,8 @@ urlpatterns = [
         "subscriptions/<path:name>/delete/", topics.subscription_remove, name="subscription-delete"
     ),
     path("subscriptions/<path:name>/", topics.subscription_edit, name="subscription-edit"),
+    path("queues/", dashboard.queue_new, name="queue-new"),
+    path("queues/<path:name>/publish/", queues.queue_publish_view, name="queue-publish"),
     path("queues/<path:name>/limits/", queues.queue_limits, name="queue-limits"),
     path("queues/<path:name>/settings/", queues.queue_settings, name="queue-settings"),
     path("queues/<path:name>/pause/", queues.queue_pause_view, name="queue-pause"),

@@ -1,18 +1,26 @@
 """The dashboard: every queue's depth and limit, the blacklist and dead-letter
-tiles, the last hour's deliveries, whether the workers answer, and the last
-messages quarantined or purged automatically."""
+tiles, the last hour's deliveries, whether the workers answer, the last
+messages quarantined or purged automatically, and the admins' form that
+creates a queue."""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 from django.http import HttpResponse
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_POST
 
 from broker.models import MessageState
 from broker.selectors import heartbeats, last_hour, poison_alarms_recent, queue_summaries
+from broker.services.queues import queue_create
 from console.charts import rate_chart
+from console.forms import QueueCreateForm
 from console.roles import Role
 from console.views.common import (
     HtmxHttpRequest,
+    form_saved,
     page,
     role_required,
 )
@@ -21,12 +29,10 @@ from console.views.common import (
 HEALTHY_WITHIN = {"control": 10.0, "deliveries": 30.0}
 
 
-@require_GET
-@role_required(Role.VIEWER)
-def dashboard(request: HtmxHttpRequest) -> HttpResponse:
+def _dashboard_context() -> dict[str, Any]:
     summaries = queue_summaries(by_kind=True)
     beats = heartbeats()
-    context = {
+    return {
         "summaries": summaries,
         "states": MessageState.values,
         "blacklisted": sum(s.depth[MessageState.NOT_DELIVERABLE] for s in summaries),
@@ -40,4 +46,28 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
             for name, limit in HEALTHY_WITHIN.items()
         ],
     }
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def dashboard(request: HtmxHttpRequest) -> HttpResponse:
+    context = {**_dashboard_context(), "queue_form": QueueCreateForm()}
     return page(request, "console/dashboard.html", "queue-table", context)
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def queue_new(request: HtmxHttpRequest) -> HttpResponse:
+    """Create a queue: then its page (with htmx, a fresh form, the dashboard's
+    table showing the queue at its next refresh); a name or consumer the queue
+    service refuses writes nothing and shows its error beside the field."""
+    form = QueueCreateForm(request.POST)
+    save = partial(queue_create, actor=request.user)
+    if form_saved(request, form, save, "Queue {name} created."):
+        if not request.htmx:
+            return redirect("queue", name=form.cleaned_data["name"])
+        form = QueueCreateForm()
+    context: dict[str, Any] = {"queue_form": form}
+    if not request.htmx:
+        context.update(_dashboard_context())
+    return page(request, "console/dashboard.html", "queue-new", context)

@@ -1,5 +1,5 @@
-"""A queue's page: depth and limit, pause and resume, purge, its settings and
-its limits."""
+"""A queue's page: depth and limit, pause and resume, purge, publish a test
+message, its settings and its limits."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from broker.models import MessageState, Queue
 from broker.selectors import queue_summary
+from broker.services.publish import messages_publish
 from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
-from console.forms import PurgeForm, QueueLimitsForm, QueueSettingsForm
+from console.forms import PublishForm, PurgeForm, QueueLimitsForm, QueueSettingsForm
 from console.roles import Role
 from console.views.common import (
     HtmxHttpRequest,
@@ -37,6 +38,7 @@ def _queue_page(
     queue: Queue,
     settings_form: QueueSettingsForm | None = None,
     purge_form: PurgeForm | None = None,
+    publish_form: PublishForm | None = None,
 ) -> HttpResponse:
     context = {
         "summary": queue_summary(queue=queue),
@@ -44,6 +46,7 @@ def _queue_page(
         "states": MessageState.values,
         "settings_form": settings_form or QueueSettingsForm(instance=queue),
         "purge_form": purge_form or PurgeForm(),
+        "publish_form": publish_form or PublishForm(),
     }
     return page(request, "console/queue.html", "queue-panel", context)
 
@@ -84,6 +87,27 @@ def queue_purge_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
             messages.success(request, f"Purged {deleted} waiting message(s) from {name}.")
             return _queue_page(request, queue) if request.htmx else redirect("queue", name=name)
     return _queue_page(request, queue, purge_form=form)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def queue_publish_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Publish one test message as the signed-in user, application
+    "console"; a message the publish service refuses (too large, the queue
+    full) writes nothing and shows why beside the form's fields."""
+    queue = found(queue_get, name=name)
+    form = PublishForm(request.POST)
+    if form.is_valid():
+        with service_errors(request, form=form, field="payload"):
+            [message_id] = messages_publish(
+                queue_name=queue.name,
+                messages=[form.new_message()],
+                put_user=request.user.get_username(),
+                put_application="console",
+            )
+            messages.success(request, f"Published message {message_id} to {name}.")
+            return _queue_page(request, queue) if request.htmx else redirect("queue", name=name)
+    return _queue_page(request, queue, publish_form=form)
 
 
 @require_http_methods(["GET", "POST"])
