@@ -222,10 +222,9 @@ class PayloadField(serializers.CharField):
     }
 )
 class ExpiryField(FiniteFloatField):
-    """Seconds until a message expires: a number (or numeric string, as
-    DRF's FloatField takes) above 0 and at most 365 days. Booleans, NaN and
-    infinity, which ``float()`` would take, are refused here so the error
-    names the field."""
+    """Seconds until a message expires: a number above 0 and at most 365
+    days. NaN and infinity, which ``float()`` would take, are refused here
+    so the error names the field."""
 
     default_error_messages = {"not_positive": "Ensure this value is greater than 0."}
 

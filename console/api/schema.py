@@ -1,7 +1,8 @@
 """The OpenAPI schema's shared parts: the error body, the error answers
 every operation can give (every write, too, those of the HA guard), and
 what makes the schema state what the serializers enforce: request bodies
-closed to unknown keys, text fields that must hold more than whitespace."""
+closed to unknown keys, text fields' patterns, non-empty query strings, and
+bodies of several shapes as oneOf them."""
 
 from __future__ import annotations
 
