@@ -56,16 +56,18 @@ def test_with_htmx_the_panel_shows_the_new_depth_and_what_was_published(operator
     assert 'data-state="TBDL">1<' in html
 
 
+# Per field, each bad value and what is said beside the field.
+BAD_INPUT = {
+    "headers": {"region eu": "Line 1: write it as name=value.", "a=1\n=2": "Line 2: write it"},
+    "priority": {"10": "less than or equal to 9", "": "This field is required"},
+    "content_type": {"": "This field is required"},
+    "payload": {"x" * 101: "payload"},
+}
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [
-        ("headers", "region eu", "Line 1: write it as name=value."),
-        ("headers", "a=1\n=2", "Line 2: write it as name=value."),
-        ("priority", "10", "less than or equal to 9"),
-        ("priority", "", "This field is required"),
-        ("content_type", "", "This field is required"),
-        ("payload", "x" * 101, "payload"),
-    ],
+    [(field, value, said) for field, cases in BAD_INPUT.items() for value, said in cases.items()],
 )
 def test_bad_input_is_shown_beside_its_field_and_publishes_nothing(
     operator, orders, field, value, message
