@@ -1,6 +1,6 @@
 """The console's own middleware: a deadline on the store for every request,
-a write the store's HA guard refused wherever it was not caught, and the
-API's query strings held to the schema.
+a write the store's HA guard refused wherever it was not caught, the API's
+query strings held to the schema, and each user's time zone.
 
 A write the store's HA guard refused, wherever it was not caught:
 Console views show a refusal beside their form (``service_errors``) and the
@@ -12,16 +12,19 @@ why, or the JSON error body under /api/, rather than a 500."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from broker.errors import StoreUnavailable
 from broker.ha.guard import refusal
 from broker.store.deadline import limit
 from console.api.errors import DATABASE_ERRORS, error_body
+from console.time_zones import time_zone_of
 
 REFUSED = 503
 
@@ -87,3 +90,18 @@ class EmptyQueryParameterMiddleware:
                 errors = {name: [problem] for name in empty}
                 return JsonResponse(error_body("invalid", detail, errors), status=400)
         return self.get_response(request)
+
+
+class TimeZoneMiddleware:
+    """Times are shown in the signed-in user's zone (``console.time_zones``),
+    else in the site's; the zone stays active for this request only."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        timezone.activate(ZoneInfo(time_zone_of(user=request.user)))
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()

@@ -1,5 +1,6 @@
-"""API tokens: a user's named keys for the REST API. Only a digest of each
-key is stored; the key itself is shown once, when the token is created."""
+"""The console's own tables: API tokens, a user's named keys for the REST
+API (only a digest of each key is stored; the key itself is shown once, when
+the token is created), and each user's preferences (their time zone)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ class ApiToken(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class Preference(models.Model):
+    """A user's own console settings, kept across sign-outs."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="console_preference"
+    )
+    # An IANA zone key (zoneinfo.available_timezones()); times are shown in it.
+    time_zone = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.time_zone}"

@@ -75,6 +75,7 @@ CONSOLE: list[Row] = [
     *route("bulk-job", "/jobs/{j}/", GET=VIEWER),
     *route("audit", "/audit/", GET=VIEWER),
     *route("tokens", "/tokens/", GET=VIEWER, POST=VIEWER),
+    *route("time-zone", "/time-zone/", GET=VIEWER, POST=VIEWER),
     *route("token-revoke", "/tokens/{k}/revoke/", POST=VIEWER),
     *route("users", "/users/", GET=ADMIN, POST=ADMIN),
     *route("user-role", "/users/nobody/role/", POST=ADMIN),

@@ -1,0 +1,50 @@
+"""Each user's time zone: the one every time in the console is shown in."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+from zoneinfo import ZoneInfo
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from console.roles import Role
+from console.time_zones import time_zone_names, time_zone_set
+from console.views.common import HtmxHttpRequest, page, role_required
+
+
+class TimeZoneForm(forms.Form):
+    time_zone = forms.ChoiceField(
+        label="Time zone",
+        help_text="Every time in the console is shown in this zone, named after it.",
+        error_messages={
+            "invalid_choice": "%(value)s is not a time zone: choose one of the list "
+            "(an IANA name such as Europe/Paris)."
+        },
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = cast(forms.ChoiceField, self.fields["time_zone"])
+        field.choices = [(name, name) for name in time_zone_names()]
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.VIEWER)
+def time_zone(request: HtmxHttpRequest) -> HttpResponse:
+    """Any signed-in user chooses their own zone; it is kept across
+    sign-outs and applies from this answer on."""
+    current = timezone.get_current_timezone_name()
+    form = TimeZoneForm(request.POST or None, initial={"time_zone": current})
+    if request.method == "POST" and form.is_valid():
+        name = form.cleaned_data["time_zone"]
+        time_zone_set(user=cast(User, request.user), name=name)
+        timezone.activate(ZoneInfo(name))
+        messages.success(request, f"Times are now shown in {name}.")
+        form = TimeZoneForm(initial={"time_zone": name})
+    context = {"form": form, "now": timezone.now()}
+    return page(request, "console/time_zone.html", "time-zone", context)
