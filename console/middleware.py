@@ -100,7 +100,13 @@ class TimeZoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        timezone.activate(ZoneInfo(time_zone_of(user=request.user)))
+        try:
+            zone = time_zone_of(user=request.user)
+        except DATABASE_ERRORS:
+            # The store cannot answer now: the view's own query meets the
+            # same refusal and answers it (the 503 page, the API's body).
+            zone = str(settings.TIME_ZONE)
+        timezone.activate(ZoneInfo(zone))
         try:
             return self.get_response(request)
         finally:

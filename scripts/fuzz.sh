@@ -81,6 +81,6 @@ SCHEMATHESIS_HOOKS=tests.support.fuzz_hooks LAZARETTO_FUZZ_TOKEN_ID="$TOKEN_ID" 
     --phases examples,coverage,fuzzing,stateful \
     --checks all \
     --max-time "${FUZZ_SECONDS:-240}" \
-    --workers 2 \
+    --workers "${FUZZ_WORKERS:-2}" \
     --report ndjson --report-dir "$OUT" \
     "$@"
