@@ -161,3 +161,85 @@ def queue_empty(url: str, queue_id: int) -> None:
     queue's lock and log an audit row the soak does not measure."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DELETE FROM broker_message WHERE queue_id = %s", [queue_id])
+
+
+# One row per series number n of a chunk [low, high): of every 100 messages
+# (n % 100) 1 is blacklisted, 2 are dead letters (one on each dead-letter
+# queue), 1 in flight, 3 failed, 8 waiting and 85 delivered. Each run of 100
+# consecutive ids (block n / 100) belongs to one of the standard queues, and
+# the block chooses the dead letters' reason: 1 block in 1,000 the rare
+# max_messages_reached. Payloads are 1,024 bytes of JSON-ish text: one in 20
+# says "express delivery", one in 1,000,003 "recall lot 77-A". Headers carry
+# a source, a region (1 in 3 apac) and a tenant (t0 .. t996).
+CONSOLE_SEED_SQL = """
+INSERT INTO broker_message (
+    queue_id, state, payload, content_type, headers, priority, attempts, crash_count,
+    lease_owner, lease_deadline, last_error, dead_letter, put_application, put_user,
+    created_at, available_at, enqueued_at, updated_at)
+SELECT
+    CASE WHEN s.n %% 100 IN (1, 2) THEN (%(dlqs)s::bigint[])[s.n %% 100]
+         ELSE (%(queues)s::bigint[])[1 + s.block %% %(queue_count)s] END,
+    s.state,
+    convert_to(rpad(format(
+        '{"order": %%s, "customer": "C%%s", "sku": "SKU-%%s", "channel": "%%s", '
+        '"note": "%%s", "lines": [', s.n, s.n %% 7919, s.n %% 503,
+        (ARRAY['web', 'shop', 'phone', 'partner'])[1 + s.n %% 4],
+        CASE WHEN s.n %% 1000003 = 17 THEN 'recall lot 77-A'
+             WHEN s.n %% 20 = 3 THEN 'express delivery' ELSE 'standard' END),
+        1022, '{"item": 1, "qty": 2}, ') || ']}', 'UTF8'),
+    'application/json',
+    jsonb_build_object(
+        'source', (ARRAY['web', 'batch', 'partner', 'mobile', 'legacy'])[1 + s.block %% 5],
+        'region', (ARRAY['eu', 'us', 'apac'])[1 + s.n %% 3],
+        'tenant', 't' || s.n %% 997),
+    s.n %% 10,
+    CASE WHEN s.state = 'TBDL' AND s.n %% 100 > 2 THEN 0 ELSE 1 END,
+    CASE s.state WHEN 'NDLV' THEN 2 ELSE 0 END,
+    CASE s.state WHEN 'DLNG' THEN 'bench:1:1' ELSE '' END,
+    CASE s.state WHEN 'DLNG' THEN now() + interval '1 day' END,
+    CASE s.state WHEN 'NDLV' THEN 'bench: the consumer crashed'
+                 WHEN 'FAIL' THEN 'bench: failed by an operator' ELSE '' END,
+    CASE WHEN s.n %% 100 IN (1, 2) THEN jsonb_build_object(
+        'reason', CASE WHEN s.block %% 1000 = 999 THEN 'max_messages_reached'
+                       WHEN s.block %% 1000 < 650 THEN 'handler_error'
+                       WHEN s.block %% 1000 < 800 THEN 'expired'
+                       ELSE 'format_error' END,
+        'original_queue', (%(queue_names)s::text[])[1 + s.block %% %(queue_count)s],
+        'time', to_jsonb(s.at + interval '1 second') #>> '{}',
+        'put_application', 'bench', 'put_user', 'bench', 'format', 'application/json') END,
+    'bench', 'bench', s.at, s.at, s.at, s.at + interval '1 second'
+FROM (
+    SELECT n, n / 100 AS block,
+           now() - (%(total)s - n) * interval '100 milliseconds' AS at,
+           CASE WHEN n %% 100 = 0 THEN 'NDLV' WHEN n %% 100 IN (1, 2) THEN 'TBDL'
+                WHEN n %% 100 = 3 THEN 'DLNG' WHEN n %% 100 < 7 THEN 'FAIL'
+                WHEN n %% 100 < 15 THEN 'TBDL' ELSE 'DLVD' END AS state
+    FROM generate_series(%(low)s::bigint, %(high)s::bigint - 1) AS n
+) AS s
+ORDER BY s.n
+"""
+CONSOLE_SEED_CHUNK = 1_000_000
+
+
+def seed_console(
+    url: str, *, total: int, queues: Sequence[tuple[int, str]], dead_letter_queues: Sequence[int]
+) -> None:
+    """Writes ``total`` messages of 1 KB over ``queues`` (id, name) and two
+    dead-letter queues in every state (``CONSOLE_SEED_SQL``), a million rows
+    a statement and a commit, then VACUUM ANALYZEs the table. Every row is
+    made in the server from its series number: ten million through the
+    publish path and then the transitions would take hours and measure
+    nothing the console bench reads. The depth triggers count each
+    statement's rows, so the counters hold what the table does."""
+    params = {
+        "queues": [queue_id for queue_id, _ in queues],
+        "queue_names": [name for _, name in queues],
+        "queue_count": len(queues),
+        "dlqs": list(dead_letter_queues),
+        "total": total,
+    }
+    with psycopg.connect(url, autocommit=True) as conn:
+        for low in range(1, total + 1, CONSOLE_SEED_CHUNK):
+            high = min(total + 1, low + CONSOLE_SEED_CHUNK)
+            conn.execute(CONSOLE_SEED_SQL, {**params, "low": low, "high": high})
+        conn.execute("VACUUM (ANALYZE) broker_message")
