@@ -41,6 +41,7 @@ urlpatterns = [
     path("queues/", dashboard.queue_new, name="queue-new"),
     path("queues/<path:name>/publish/", queues.queue_publish_view, name="queue-publish"),
     path("queues/<path:name>/limits/", queues.queue_limits, name="queue-limits"),
+    path("queues/<path:name>/activity/", queues.queue_activity_view, name="queue-activity"),
     path("queues/<path:name>/settings/", queues.queue_settings, name="queue-settings"),
     path("queues/<path:name>/pause/", queues.queue_pause_view, name="queue-pause"),
     path("queues/<path:name>/purge/", queues.queue_purge_view, name="queue-purge"),

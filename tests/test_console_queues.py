@@ -108,6 +108,8 @@ def test_a_viewer_sees_the_queue_but_cannot_change_it(viewer, orders):
 
     assert "Save settings" not in page
     assert "Purge" not in page
+    dead_letter_queue = orders.dead_letter_queue.name
+    assert f"<dt>Dead letter queue</dt><dd>{dead_letter_queue}</dd>" in page
     assert client.post("/queues/ORDERS.IN/pause/", {"paused": "1"}).status_code == 403
     assert client.post("/queues/ORDERS.IN/settings/", QUEUE_SETTINGS_FORM).status_code == 403
     assert client.post("/queues/ORDERS.IN/purge/", {"confirmation": "ORDERS.IN"}).status_code == 403

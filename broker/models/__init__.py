@@ -20,6 +20,7 @@ from broker.models.counters import (
     QueueCountDelta,
     QueueDepth,
     QueueDepthDelta,
+    QueueDepthMinute,
     QueueMinute,
     QueueTotal,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "QueueCountDelta",
     "QueueDepth",
     "QueueDepthDelta",
+    "QueueDepthMinute",
     "QueueKind",
     "QueueMinute",
     "QueueTotal",

@@ -38,6 +38,36 @@ class QueueDepth(models.Model):
         return f"{self.queue_id} {self.state}: {self.count}"
 
 
+class QueueDepthMinute(models.Model):
+    """A queue's message count in one state at the end of one minute, and
+    before its first change in that minute, written by the sweeper's fold
+    (``broker.services.counting``) for each (queue, state) whose count the
+    fold changed: the queue page's depth chart. A minute without a row saw no
+    change, so the count then is the one before the next row (or today's).
+    Kept for ``DEPTH_HISTORY`` (the fold deletes older rows)."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(max_length=4, choices=MessageState.choices)
+    minute = models.DateTimeField()
+    count_before = models.BigIntegerField()
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            # The chart: SELECT … WHERE queue_id = $1 AND minute >= $2
+            models.UniqueConstraint(
+                fields=["queue", "minute", "state"], name="queue_depth_minute_unique"
+            ),
+        ]
+        indexes = [
+            # The fold's pruning: DELETE … WHERE minute < now() - DEPTH_HISTORY
+            models.Index(fields=["minute"], name="queue_depth_minute_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.state} {self.minute:%H:%M}: {self.count}"
+
+
 class QueueDepthDelta(models.Model):
     """A change of a queue's message count in one state, written by the
     statement-level triggers on broker_message (migrations 0002 and 0014) in

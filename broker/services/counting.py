@@ -9,7 +9,8 @@ into ``QueueDepthDelta`` or ``QueueCountDelta`` by the transaction that makes
 it: writers lock no counter row and never wait for one another (the models
 say what updating in place cost). The sweeper calls ``counters_fold`` every
 sweep: one statement per table deletes the pending rows and adds their sums
-to ``QueueDepth``, or to ``QueueMinute`` and ``QueueTotal``. Readers read
+to ``QueueDepth`` (noting each changed count in ``QueueDepthMinute`` for the
+depth chart), or to ``QueueMinute`` and ``QueueTotal``. Readers read
 the ``_current`` views (migration 0014), which add the rows not folded yet,
 so a fold changes no figure anyone reads.
 
@@ -119,11 +120,23 @@ WITH moved AS (
     DELETE FROM broker_queuedepthdelta RETURNING queue_id, state, n
 ), summed AS (
     SELECT queue_id, state, sum(n)::bigint AS n FROM moved GROUP BY queue_id, state
+), changed AS (
+    UPDATE broker_queuedepth AS d SET count = d.count + s.n
+    FROM summed AS s
+    WHERE d.queue_id = s.queue_id AND d.state = s.state AND s.n <> 0
+    RETURNING d.queue_id, d.state, d.count - s.n AS count_before, d.count
 )
-UPDATE broker_queuedepth AS d SET count = d.count + s.n
-FROM summed AS s
-WHERE d.queue_id = s.queue_id AND d.state = s.state AND s.n <> 0
+INSERT INTO broker_queuedepthminute AS t (queue_id, state, minute, count_before, count)
+SELECT queue_id, state, date_trunc('minute', now()), count_before, count
+FROM changed ORDER BY queue_id, state
+ON CONFLICT (queue_id, minute, state) DO UPDATE SET count = EXCLUDED.count
 """
+
+# How long the depth chart's rows (``QueueDepthMinute``) are kept.
+DEPTH_HISTORY = "2 days"
+_PRUNE_DEPTHS_SQL = f"""
+DELETE FROM broker_queuedepthminute WHERE minute < now() - interval '{DEPTH_HISTORY}'
+"""  # noqa: S608
 
 _SUMS = ", ".join(f"sum({name})::bigint AS {name}" for name in COUNTER_COLUMNS)
 _ADDED = ", ".join(f"{name} = t.{name} + EXCLUDED.{name}" for name in COUNTER_COLUMNS)
@@ -158,5 +171,6 @@ def counters_fold() -> bool:
         if not locked:
             return False
         cursor.execute(_FOLD_DEPTHS_SQL)
+        cursor.execute(_PRUNE_DEPTHS_SQL)
         cursor.execute(_FOLD_COUNTS_SQL)
     return True

@@ -6,14 +6,16 @@ from __future__ import annotations
 from functools import partial
 
 from django.contrib import messages
-from django.http import HttpResponse
-from django.shortcuts import redirect
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from broker.activity import Window, queue_activity
 from broker.models import MessageState, Queue
 from broker.selectors import queue_summary
 from broker.services.publish import messages_publish
 from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
+from console.charts import activity_charts
 from console.forms import PublishForm, PurgeForm, QueueLimitsForm, QueueSettingsForm
 from console.roles import Role
 from console.views.common import (
@@ -41,6 +43,7 @@ def _queue_page(
     publish_form: PublishForm | None = None,
 ) -> HttpResponse:
     context = {
+        **_activity_context(request, queue),
         "summary": queue_summary(queue=queue),
         "queue": queue,
         "states": MessageState.values,
@@ -49,6 +52,26 @@ def _queue_page(
         "publish_form": publish_form or PublishForm(),
     }
     return page(request, "console/queue.html", "queue-panel", context)
+
+
+@require_GET
+@role_required(Role.VIEWER)
+def queue_activity_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """The queue page's charts alone, over the window asked for."""
+    queue = found(queue_get, name=name)
+    context = {"queue": queue, **_activity_context(request, queue)}
+    return render(request, "console/queue.html#queue-activity", context)
+
+
+def _activity_context(request: HtmxHttpRequest, queue: Queue) -> dict[str, object]:
+    """The charts over ``?window=`` (the last hour by default)."""
+    label = request.GET.get("window", Window.HOUR.label)
+    window = Window.named(label)
+    if window is None:
+        choices = " or ".join(each.label for each in Window)
+        raise Http404(f"There is no chart window {label!r}: choose {choices}.")
+    activity = queue_activity(queue=queue, window=window)
+    return {"window": window, "windows": list(Window), "charts": activity_charts(activity)}
 
 
 @require_POST

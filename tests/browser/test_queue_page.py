@@ -1,0 +1,65 @@
+"""A queue's page in a real browser: its charts switch from the last hour to
+the last day in place, and a user who picks a time zone sees the charts'
+times, and every other, in it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+from pytest_django.live_server_helper import LiveServer
+
+from broker.services.delivery import queue_deliver
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+from tests.support.browser import login
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def payroll(db: None) -> None:
+    queue = queue_create(name="PAYROLL", consumer="demo")
+    messages_publish(queue_name="PAYROLL", messages=[NewMessage(payload=b"ok")] * 3)
+    queue_deliver(queue_id=queue.id)
+    messages_publish(queue_name="PAYROLL", messages=[NewMessage(payload=b"ok")] * 2)
+
+
+def test_the_charts_switch_to_the_last_day_without_leaving_the_page(
+    page: Page, live_server: LiveServer, viewer: User, payroll: None
+) -> None:
+    login(page, live_server, viewer)
+    page.goto(f"{live_server.url}/queues/PAYROLL/")
+    charts = page.locator("#queue-activity")
+    expect(charts.get_by_role("img", name="Messages per minute, last hour")).to_be_visible()
+    expect(charts).to_contain_text("5 published")
+    expect(charts).to_contain_text("3 acked")
+    expect(charts).to_contain_text("TBDL 2 now")
+
+    charts.get_by_role("link", name="Last day").click()
+
+    expect(
+        charts.get_by_role("img", name="Messages per minute, averaged over 15 minutes, last day")
+    ).to_be_visible()
+    expect(page.locator("#queue-activity")).to_contain_text("5 published")
+    expect(page.locator("#queue-activity strong")).to_have_text("Last day")
+    assert page.url == f"{live_server.url}/queues/PAYROLL/"  # swapped in place
+
+
+def test_a_user_picks_paris_and_the_charts_say_their_times_in_it(
+    page: Page, live_server: LiveServer, viewer: User, payroll: None
+) -> None:
+    login(page, live_server, viewer)
+    page.get_by_role("link", name="UTC").click()
+    page.get_by_label("Time zone", exact=True).select_option("Europe/Paris")
+    page.get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status")).to_contain_text("Times are now shown in Europe/Paris.")
+
+    page.goto(f"{live_server.url}/queues/PAYROLL/")
+
+    expect(page.get_by_role("link", name="Europe/Paris")).to_be_visible()
+    since = page.locator("#queue-activity figcaption time").first
+    expect(since).to_have_attribute("title", "Europe/Paris")
+    expect(since).to_contain_text(re.compile(r"\bCES?T\b"))  # winter or summer time
