@@ -17,8 +17,15 @@ from django.test.utils import CaptureQueriesContext
 
 from broker.models import AuditEvent, Queue
 from broker.selectors import MessageFilter
+from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.transfer import CSV_COLUMNS, DOCUMENT_KEYS, messages_export
+from broker.services.transfer import (
+    CSV_COLUMNS,
+    DOCUMENT_KEYS,
+    export_rows,
+    message_document,
+    messages_export,
+)
 from tests.support.messages import SYSTEM_DEAD_LETTER_QUEUE, blacklisted, dead_lettered
 from tests.support.transfer import documents, exported, published_samples
 
@@ -79,6 +86,25 @@ def test_the_blacklist_and_a_dead_letter_queue_export_what_their_pages_show(
     assert [line["id"] for line in letters] == sorted(dead)
     assert letters[0]["dead_letter"]["original_queue"] == "PAY.IN"
     assert letters[0]["dead_letter"]["reason"] == "handler_error"
+
+
+def test_a_json_line_is_the_document_written_from_the_servers_text(orders: Queue) -> None:
+    messages_publish(
+        queue_name="ORDERS.IN",
+        messages=[NewMessage(payload='grüß \\ "q"'.encode(), headers={"city": "Zürich", "b": "1"})],
+    )
+    dead_lettered(queue_create(name="PAY.IN"), 1, reason="handler_error")
+    rows = [row for chunk in export_rows(MessageFilter()) for row in chunk]
+    text = "".join(
+        messages_export(filters=MessageFilter(), export_format="jsonl", actor=None, via="test")
+    )
+    lines = documents(text)
+    assert lines == [message_document(row) for row in rows]
+    assert lines[0]["headers"] == {"city": "Zürich", "b": "1"}
+    assert lines[0]["payload"] == 'grüß \\ "q"'
+    assert lines[1]["dead_letter"]["reason"] == "handler_error"
+    assert all(line["created_at"].endswith("Z") for line in lines)
+    assert all(datetime.fromisoformat(line["created_at"]) for line in lines)
 
 
 def test_a_search_exports_by_header_and_payload_text(operator_api, orders: Queue) -> None:

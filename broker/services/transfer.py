@@ -34,10 +34,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii as json_string
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Func, TextField
+from django.db.models.functions import Cast
 
 from broker.errors import BrokerError, InvalidInput, QueueNotFound
 from broker.models import Overflow, Queue
@@ -47,12 +50,39 @@ from broker.services.limits import Limit, lock_and_measure, refuse_if_full
 from broker.services.publish import NewMessage, _validate, messages_publish
 
 FORMATS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
-EXPORT_CHUNK_ROWS = 2000
-# The row as it is read, in this order (one query a chunk, no model objects).
+EXPORT_CHUNK_ROWS = 5000
+# The row as it is read, in this order: one query a chunk, no model objects.
+# What needs no Python comes as text from the server: the headers and the
+# dead-letter header as their JSON, the times in ISO 8601 UTC
+# (EXPORT_ANNOTATIONS). Parsing them into Python objects only to write them
+# out again took a third of an export's time.
 ROW_FIELDS = (
     "id",
     "queue__name",
     "payload",
+    "content_type",
+    "headers_json",
+    "priority",
+    "dead_letter_json",
+    "state",
+    "crash_count",
+    "timeout_count",
+    "created_utc",
+    "updated_utc",
+)
+UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+EXPORT_ANNOTATIONS = {
+    "headers_json": Cast("headers", TextField()),
+    "dead_letter_json": Cast("dead_letter", TextField()),
+    "created_utc": Func(F("created_at"), template=UTC_TEXT, output_field=TextField()),
+    "updated_utc": Func(F("updated_at"), template=UTC_TEXT, output_field=TextField()),
+}
+# The document's keys, in the order of its JSON line.
+DOCUMENT_KEYS = (
+    "id",
+    "queue",
+    "payload",
+    "payload_encoding",
     "content_type",
     "headers",
     "priority",
@@ -63,8 +93,6 @@ ROW_FIELDS = (
     "created_at",
     "updated_at",
 )
-# The document: the row's, the queue by name and the payload's encoding after it.
-DOCUMENT_KEYS = ("id", "queue", "payload", "payload_encoding", *ROW_FIELDS[3:])
 CSV_COLUMNS = tuple(
     "payload_base64" if key == "payload" else key
     for key in DOCUMENT_KEYS
@@ -121,15 +149,32 @@ def message_document(row: tuple[Any, ...]) -> dict[str, Any]:
         "payload": text,
         "payload_encoding": encoding,
         "content_type": content_type,
-        "headers": headers,
+        "headers": json.loads(headers),
         "priority": priority,
-        "dead_letter": dead_letter,
+        "dead_letter": None if dead_letter is None else json.loads(dead_letter),
         "state": state,
         "crash_count": crash_count,
         "timeout_count": timeout_count,
-        "created_at": utc_iso(created_at),
-        "updated_at": utc_iso(updated_at),
+        "created_at": created_at,
+        "updated_at": updated_at,
     }
+
+
+def message_line(row: tuple[Any, ...]) -> str:
+    """``message_document(row)`` as one line of JSON Lines, written from the
+    row's parts: the headers and times are spliced in as the server wrote
+    them, and only the strings are encoded."""
+    (message_id, queue, payload, content_type, headers, priority, dead_letter, state) = row[:8]
+    crash_count, timeout_count, created_at, updated_at = row[8:]
+    text, encoding = payload_document(bytes(payload))
+    return (
+        f'{{"id": {message_id}, "queue": {json_string(queue)}, "payload": {json_string(text)}, '
+        f'"payload_encoding": "{encoding}", "content_type": {json_string(content_type)}, '
+        f'"headers": {headers}, "priority": {priority}, '
+        f'"dead_letter": {"null" if dead_letter is None else dead_letter}, '
+        f'"state": "{state}", "crash_count": {crash_count}, "timeout_count": {timeout_count}, '
+        f'"created_at": "{created_at}", "updated_at": "{updated_at}"}}\n'
+    )
 
 
 def _csv_row(row: tuple[Any, ...]) -> list[Any]:
@@ -156,7 +201,12 @@ def export_rows(
     Keyset by id: each chunk is its own short query (``id > last``), so an
     export of millions holds neither a transaction open (which would stop
     VACUUM) nor more than one chunk in memory."""
-    rows = filtered_messages(filters).order_by("id").values_list(*ROW_FIELDS)
+    rows = (
+        filtered_messages(filters)
+        .annotate(**EXPORT_ANNOTATIONS)
+        .order_by("id")
+        .values_list(*ROW_FIELDS)
+    )
     last = 0
     while True:
         chunk = list(rows.filter(id__gt=last)[:chunk_rows])
@@ -171,7 +221,7 @@ def _jsonl_chunks(
 ) -> Iterator[str]:
     for chunk in chunks:
         count(len(chunk))
-        yield "".join(json.dumps(message_document(row)) + "\n" for row in chunk)
+        yield "".join(map(message_line, chunk))
 
 
 def _csv_chunks(
