@@ -21,6 +21,7 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Value,
 )
 from django.db.models.fields.json import KeyTextTransform
@@ -237,22 +238,47 @@ class MessageFilter:
 
 
 @dataclass(frozen=True)
+class SearchedIds:
+    """The ids a page of a search read: from ``low`` up to, not including,
+    ``high``."""
+
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
 class MessagePage:
     messages: list[Message]
-    # The id to continue below, or None on the last page.
+    # The id to continue below, or None on the last page. A search that
+    # reached the bottom of its SEARCH_SPAN gives ``searched.low``.
     next_before: int | None
     # How many match, counted up to COUNT_CAP; None past it ("more than").
+    # For a search, how many of the searched ids match.
     total: int | None
+    # A header or payload-text search: which ids this page read. None for
+    # the other filters, which read the whole table through an index.
+    searched: SearchedIds | None = None
 
 
 COUNT_CAP = 1000
+# A header or payload-text term is served by no index: a GIN or trigram
+# index would be written by every publish and every delivery, the paths
+# whose throughput the broker is for. A page of such a search reads at most
+# this many ids below its cursor, newest first, and says which it read; the
+# next page searches the span below, as a log search does.
+SEARCH_SPAN = 100_000
 
 
 def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
-    """The messages ``filters`` select, unordered."""
+    """The messages ``filters`` select, unordered.
+
+    The queue is matched by its id from a subquery, not through a join: the
+    planner then reads message_queue_id_idx by (queue_id, id), in id order,
+    where a join hashes every message of the table first."""
     rows = Message.objects.all()
     if filters.queue:
-        rows = rows.filter(queue__name=filters.queue)
+        queue = Queue.objects.filter(name=filters.queue).values("id")
+        rows = rows.filter(queue_id=Subquery(queue))
     if filters.state:
         rows = rows.filter(state=filters.state)
     if filters.reason:
@@ -277,12 +303,28 @@ def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
     return rows
 
 
+def search_span(*, filters: MessageFilter, before: int | None) -> SearchedIds | None:
+    """The ids one page of a header or payload-text search reads: the
+    SEARCH_SPAN ids below ``before`` (or the newest), none below 1. None when
+    ``filters`` search neither."""
+    if not (filters.header or filters.text):
+        return None
+    if before is None:
+        newest = Message.objects.order_by("-id").values_list("id", flat=True).first()
+        before = (newest or 0) + 1
+    return SearchedIds(low=max(1, before - SEARCH_SPAN), high=max(1, before))
+
+
 def messages_page(
     *, filters: MessageFilter, before: int | None = None, size: int = 50
 ) -> MessagePage:
     """Newest first, by keyset on the id (index message_queue_id_idx or the
     primary key): a page costs the same however deep the reader goes. The
-    count stops at COUNT_CAP, so a page never counts the whole table."""
+    count stops at COUNT_CAP, so a page never counts the whole table. A
+    header or payload-text search reads one span of ids (``search_span``)."""
+    span = search_span(filters=filters, before=before)
+    if span is not None:
+        return _searched_page(filters=filters, span=span, size=size)
     rows = filtered_messages(filters)
     page_rows = rows.filter(id__lt=before) if before else rows
     found = list(page_rows.select_related("queue").defer("payload").order_by("-id")[: size + 1])
@@ -291,6 +333,29 @@ def messages_page(
         messages=found[:size],
         next_before=found[size - 1].id if len(found) > size else None,
         total=capped if capped <= COUNT_CAP else None,
+    )
+
+
+def _searched_page(*, filters: MessageFilter, span: SearchedIds, size: int) -> MessagePage:
+    """One pass over the span finds the ids of up to COUNT_CAP + 1 matches,
+    newest first; the page's rows are then read by id."""
+    ids = list(
+        filtered_messages(filters)
+        .filter(id__gte=span.low, id__lt=span.high)
+        .order_by("-id")
+        .values_list("id", flat=True)[: COUNT_CAP + 1]
+    )
+    shown = ids[:size]
+    found = Message.objects.filter(id__in=shown).select_related("queue").defer("payload")
+    if len(ids) > size:
+        next_before: int | None = ids[size - 1]
+    else:
+        next_before = span.low if span.low > 1 else None
+    return MessagePage(
+        messages=sorted(found, key=lambda message: -message.id),
+        next_before=next_before,
+        total=len(ids) if len(ids) <= COUNT_CAP else None,
+        searched=span,
     )
 
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from broker import selectors
 from broker.models import AuditEvent, BulkJob, Message, MessageState, Queue
 from broker.services.bulk import bulk_job_run
 from broker.services.publish import NewMessage, messages_publish
@@ -86,6 +87,37 @@ def test_pages_hold_at_most_500(viewer_api, orders, publish):
 
 
 # --- one message -----------------------------------------------------------------
+
+
+def test_a_header_search_reads_a_span_of_ids_a_page_and_goes_on_below_it(
+    viewer_api, orders, monkeypatch
+):
+    monkeypatch.setattr(selectors, "SEARCH_SPAN", 10)
+    ids = messages_publish(
+        queue_name="ORDERS.IN",
+        messages=[
+            NewMessage(payload=b"x", headers={"tenant": "acme" if n in (3, 25) else "other"})
+            for n in range(30)
+        ],
+    )
+
+    first = viewer_api.get(MESSAGES, {"header": "tenant=acme"}).json()
+    second = viewer_api.get(first["next"]).json()
+    third = viewer_api.get(second["next"]).json()
+
+    assert [row["id"] for row in first["results"]] == [ids[25]]
+    assert first["searched"] == {"from_id": ids[20], "to_id": ids[29]}
+    assert (second["results"], second["searched"]) == ([], {"from_id": ids[10], "to_id": ids[19]})
+    assert [row["id"] for row in third["results"]] == [ids[3]]
+    assert first["previous"] is None
+
+
+def test_a_list_without_a_search_reads_every_id(viewer_api, orders, publish):
+    publish(orders, 3)
+
+    body = viewer_api.get(MESSAGES, {"queue": "ORDERS.IN"}).json()
+
+    assert (len(body["results"]), body["searched"], body["next"]) == (3, None, None)
 
 
 def test_an_operator_releases_fails_and_purges_blacklisted_messages(operator_api, orders):

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from broker import selectors
 from broker.models import AuditEvent, Message, MessageState
 from broker.services.publish import NewMessage, messages_publish
 from tests.support.console import logged_in
@@ -64,6 +65,30 @@ def test_the_browser_filters_by_state_reason_header_text_and_time(viewer, orders
     assert ids(header="region=eu") == tagged
     assert ids(text="apple") == plain
     assert old not in ids(since=(timezone.now() - timedelta(days=1)).strftime("%Y-%m-%d %H:%M"))
+
+
+def test_a_text_search_reads_a_span_of_ids_and_offers_to_search_older(viewer, orders, monkeypatch):
+    monkeypatch.setattr(selectors, "SEARCH_SPAN", 10)
+    payloads = [b"needle" if n in (3, 25) else b"hay" for n in range(30)]
+    ids = messages_publish(
+        queue_name="ORDERS.IN", messages=[NewMessage(payload=payload) for payload in payloads]
+    )
+    client = logged_in(viewer)
+
+    def searched(before: int | None = None) -> str:
+        query = {"text": "needle", **({"before": str(before)} if before else {})}
+        return client.get("/messages/", query).content.decode()
+
+    first = searched()
+    second = searched(ids[20])
+    third = searched(ids[10])
+
+    assert shown_ids(first) == [ids[25]]
+    assert f"1 matching message among ids {ids[20]} to {ids[29]}" in first
+    assert f"before={ids[20]}" in first
+    assert "Search older messages" in first
+    assert f"0 matching messages among ids {ids[10]} to {ids[19]}" in second
+    assert shown_ids(third) == [ids[3]]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
+from rest_framework.pagination import Cursor
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +23,15 @@ from broker.models import (
     queue_name_validator,
 )
 from broker.rules import LAZARETTO_REASONS
-from broker.selectors import MessageFilter, bulk_job_get, filtered_messages, message_get
+from broker.selectors import (
+    SEARCH_SPAN,
+    MessageFilter,
+    SearchedIds,
+    bulk_job_get,
+    filtered_messages,
+    message_get,
+    search_span,
+)
 from broker.services.bulk import MAX_SELECTED, bulk_job_submit
 from broker.services.transitions.blacklist import (
     TRIAGE_ACTIONS,
@@ -162,18 +171,79 @@ class BulkJobSerializer(BodyModelSerializer[BulkJob]):
         read_only_fields = fields
 
 
+SEARCHED_SCHEMA = {
+    "type": "object",
+    "nullable": True,
+    "required": ["from_id", "to_id"],
+    "properties": {
+        "from_id": {"type": "integer", "description": "The lowest id this page searched."},
+        "to_id": {"type": "integer", "description": "The highest id this page searched."},
+    },
+    "description": (
+        f"For a header or text search, the ids this page read (at most {SEARCH_SPAN:,}, "
+        "newest first); `next` searches below them. null for the other filters."
+    ),
+}
+
+
+class SearchedNewestFirst(NewestFirst):
+    """NewestFirst; a header or payload-text search, which no index serves,
+    reads at most SEARCH_SPAN ids below its cursor a page
+    (broker.selectors.search_span). The answer's ``searched`` says which ids;
+    when they held less than a page, ``next`` searches the ids below them.
+    A search's pages go one way: no ``previous``."""
+
+    span: SearchedIds | None = None
+
+    def paginate_queryset(
+        self, queryset: QuerySet[Any], request: Request, view: Any = None
+    ) -> list[Any] | None:
+        cursor = self.decode_cursor(request)
+        before = int(cursor.position) if cursor and cursor.position is not None else None
+        self.span = search_span(filters=view.message_filter, before=before)
+        if self.span is not None:
+            queryset = queryset.filter(id__gte=self.span.low, id__lt=self.span.high)
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_next_link(self) -> str | None:
+        link: str | None = super().get_next_link()
+        if link is None and self.span is not None and self.span.low > 1:
+            cursor = Cursor(offset=0, reverse=False, position=self.span.low)
+            return str(self.encode_cursor(cursor))
+        return link
+
+    def get_previous_link(self) -> str | None:
+        return None if self.span is not None else super().get_previous_link()
+
+    def get_paginated_response(self, data: Any) -> Response:
+        response = super().get_paginated_response(data)
+        response.data["searched"] = (
+            None if self.span is None else {"from_id": self.span.low, "to_id": self.span.high - 1}
+        )
+        return response
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        paginated: dict[str, Any] = super().get_paginated_response_schema(schema)
+        paginated["properties"]["searched"] = SEARCHED_SCHEMA
+        paginated["required"] = [*paginated["required"], "searched"]
+        return paginated
+
+
 class MessageListView(ListAPIView[Message]):
     """Every queue's messages, newest first, in keyset pages, narrowed by the
-    console browser's filters."""
+    console browser's filters. A header or text search reads a span of ids
+    a page (SearchedNewestFirst)."""
 
     queryset = Message.objects.none()
     serializer_class = MessageListSerializer
-    pagination_class = NewestFirst
+    pagination_class = SearchedNewestFirst
     filter_backends: list[Any] = []
+    message_filter = MessageFilter()
 
     def get_queryset(self) -> QuerySet[Message]:
         query = parsed(MessageQuerySerializer, self.request.query_params)
-        return listed(filtered_messages(query.message_filter()))
+        self.message_filter = query.message_filter()
+        return listed(filtered_messages(self.message_filter))
 
     @extend_schema(
         parameters=[MessageQuerySerializer], responses={200: MessageListSerializer, 400: ERROR}

@@ -14,7 +14,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from broker.errors import MessageNotFound
 from broker.models import Message
 from broker.pipeline.selectors import replayed_from, replays_of
-from broker.selectors import MessageFilter, message_get, message_timeline, messages_page
+from broker.selectors import (
+    SEARCH_SPAN,
+    MessageFilter,
+    message_get,
+    message_timeline,
+    messages_page,
+)
 from broker.services.dumps import dump_path_for
 from broker.services.transitions.blacklist import message_fail, message_purge, message_release
 from broker.services.transitions.resubmit import message_resubmit
@@ -47,6 +53,7 @@ def message_table(request: HtmxHttpRequest, template: str, fixed: dict[str, str]
     context = {
         "form": form,
         "page": found_page,
+        "search_span": SEARCH_SPAN,
         "query": query.urlencode(),
         # The filter as submitted, for forms that act on what it matches.
         "filter_values": [
