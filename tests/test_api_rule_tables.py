@@ -187,3 +187,23 @@ def test_the_schema_documents_activate_as_a_write_only_flag(viewer_api):
         False,
         True,
     )
+
+
+def test_applying_the_active_table_answers_every_count_of_the_scan(admin_api, orders):
+    dead_lettered(orders, 2, reason="format_error")
+    admin_api.post(
+        TABLES, {"queue": DLQ, "text": "ACTION(DISCARD)\n", "activate": True}, format="json"
+    )
+
+    answer = admin_api.post(f"/api/v1/dead-letter-queues/{DLQ}/apply/")
+
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "examined": 2,
+        "retried": 0,
+        "forwarded": 0,
+        "discarded": 2,
+        "ignored": 0,
+        "failed": 0,
+        "without_header": 0,
+    }

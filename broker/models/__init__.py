@@ -66,10 +66,12 @@ from broker.models.queues import (
     validate_topic_string,
 )
 from broker.models.rules import (
+    SCAN_COUNTS,
     DeadLetterAttempt,
     DeadLetterScan,
     RuleTable,
     RuleTableStatus,
+    ScanResult,
 )
 
 __all__ = [
@@ -81,6 +83,7 @@ __all__ = [
     "MIN_WEBHOOK_SECRET_LENGTH",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_PATTERN",
+    "SCAN_COUNTS",
     "ArchiveChunk",
     "ArchiveChunkStatus",
     "AuditEvent",
@@ -119,6 +122,7 @@ __all__ = [
     "ReplayedMessage",
     "RuleTable",
     "RuleTableStatus",
+    "ScanResult",
     "Subscription",
     "Topic",
     "queue_name_validator",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -69,25 +71,51 @@ class DeadLetterAttempt(models.Model):
         return f"message {self.message_id} rule {self.rule_number}: {self.attempts}"
 
 
-class DeadLetterScan(models.Model):
+@dataclass(init=False, repr=False, eq=False)
+class ScanCounts:
+    """What one scan of the dead-letter handler counts
+    (``broker.services.dead_letters``), in column order: one attribute each
+    in ``ScanResult``, one column each in ``DeadLetterScan`` (added below)
+    and one field each in the API's answer."""
+
+    examined: int = 0
+    retried: int = 0
+    forwarded: int = 0
+    discarded: int = 0
+    ignored: int = 0
+    failed: int = 0
+    without_header: int = 0
+
+
+SCAN_COUNTS = tuple(count.name for count in fields(ScanCounts))
+
+
+@dataclass
+class ScanResult(ScanCounts):
+    """A scan's counts as it goes."""
+
+    @property
+    def acted(self) -> int:
+        """Messages that left the dead-letter queue."""
+        return self.retried + self.forwarded + self.discarded
+
+
+class DeadLetterScan(ScanCounts, models.Model):
     """The dead-letter handler's last scan of a dead-letter queue: when it
-    ended, under which table version, and what it did (the counts of
-    ``broker.services.dead_letters.ScanResult``). One row per queue,
-    replaced by every scan, so an operator sees whether the handler runs
-    even when it finds nothing to do."""
+    ended, under which table version, and what it did (a column per
+    ``ScanCounts`` count). One row per queue, replaced by every
+    scan, so an operator sees whether the handler runs even when it finds
+    nothing to do."""
 
     queue = models.OneToOneField(
         Queue, on_delete=models.CASCADE, primary_key=True, related_name="last_scan"
     )
     rule_table_version = models.PositiveIntegerField()
     finished_at = models.DateTimeField()
-    examined = models.PositiveIntegerField()
-    retried = models.PositiveIntegerField()
-    forwarded = models.PositiveIntegerField()
-    discarded = models.PositiveIntegerField()
-    ignored = models.PositiveIntegerField()
-    failed = models.PositiveIntegerField()
-    without_header = models.PositiveIntegerField()
 
     def __str__(self) -> str:
         return f"{self.queue_id} scanned at {self.finished_at} (v{self.rule_table_version})"
+
+
+for _count in SCAN_COUNTS:
+    DeadLetterScan.add_to_class(_count, models.PositiveIntegerField())

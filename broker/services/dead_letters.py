@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
 from typing import Any
@@ -34,12 +34,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from broker.models import (
+    SCAN_COUNTS,
     DeadLetterAttempt,
     DeadLetterScan,
     Overflow,
     Queue,
     QueueKind,
     RuleTable,
+    ScanResult,
 )
 from broker.rules import Rule, RulesTable, applicable_rule, destination, parse
 from broker.rules import message_attributes as rules_attributes
@@ -115,24 +117,6 @@ def message_attributes(
         queue_manager=settings.LAZARETTO_INSTANCE_NAME,
     )
 
-
-@dataclass
-class ScanResult:
-    examined: int = 0
-    retried: int = 0
-    forwarded: int = 0
-    discarded: int = 0
-    ignored: int = 0
-    failed: int = 0
-    without_header: int = 0
-
-    @property
-    def acted(self) -> int:
-        """Messages that left the dead-letter queue."""
-        return self.retried + self.forwarded + self.discarded
-
-
-SCAN_COUNTS = tuple(count.name for count in fields(ScanResult))
 
 Used = dict[tuple[int, int], int]
 

@@ -11,13 +11,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import NoActiveRules
+from broker.models import SCAN_COUNTS
 from broker.selectors import (
     active_rule_table,
     dead_letter_groups,
     dead_letter_queue_get,
     queue_summary,
 )
-from broker.services.dead_letters import ScanResult, dead_letter_scan
+from broker.services.dead_letters import dead_letter_scan
 from console.api.fields import BodySerializer
 from console.api.queues import QueueSummarySerializer
 from console.api.schema import ERROR
@@ -37,13 +38,12 @@ class DeadLetterQueueSerializer(BodySerializer[dict[str, Any]]):
     by_original_queue = GroupCountSerializer(many=True)
 
 
-class ScanResultSerializer(BodySerializer[ScanResult]):
-    examined = serializers.IntegerField()
-    retried = serializers.IntegerField()
-    forwarded = serializers.IntegerField()
-    discarded = serializers.IntegerField()
-    ignored = serializers.IntegerField()
-    failed = serializers.IntegerField()
+# What a scan did: an integer per count of ScanResult, in its order.
+ScanResultSerializer = type(
+    "ScanResultSerializer",
+    (serializers.Serializer,),
+    {name: serializers.IntegerField() for name in SCAN_COUNTS},
+)
 
 
 class DeadLetterQueueView(APIView):
