@@ -17,7 +17,6 @@ from django.db.models import (
     F,
     Func,
     IntegerField,
-    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -282,7 +281,10 @@ def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
     if filters.state:
         rows = rows.filter(state=filters.state)
     if filters.reason:
-        rows = rows.filter(dead_letter__reason=filters.reason)
+        # As text (->>), the expression message_dead_letter_idx holds.
+        rows = rows.alias(reason=KeyTextTransform("reason", "dead_letter")).filter(
+            reason=filters.reason
+        )
     # In UTC: Python takes offsets up to ±23:59, PostgreSQL only to ±15:59.
     if filters.since:
         rows = rows.filter(created_at__gte=filters.since.astimezone(UTC))
@@ -415,29 +417,39 @@ def _most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
-def dead_letter_groups_of(*, queue_ids: Iterable[int]) -> dict[int, DeadLetterGroups]:
-    """Each queue's grouped counts (every queue present): one GROUP BY over
-    the queues' waiting messages (message_waiting_idx)."""
+def dead_letter_groups_of(
+    *, queue_ids: Iterable[int], depths: dict[int, dict[str, int]] | None = None
+) -> dict[int, DeadLetterGroups]:
+    """Each queue's grouped counts (every queue present), read from indexes
+    only: one GROUP BY over the waiting messages with a header
+    (message_dead_letter_idx), the queues' depth counters, whose remainder
+    is the messages without one, and each queue's oldest waiting message
+    (message_waiting_idx). ``depths``: the queues' depths, if read already."""
     ids = list(queue_ids)
     rows = (
-        Message.objects.filter(queue_id__in=ids, state=MessageState.TO_BE_DELIVERED)
+        Message.objects.filter(
+            queue_id__in=ids, state=MessageState.TO_BE_DELIVERED, dead_letter__isnull=False
+        )
         .annotate(
             reason=KeyTextTransform("reason", "dead_letter"),
             origin=KeyTextTransform("original_queue", "dead_letter"),
         )
-        .values("queue_id", "reason", "origin")
-        .annotate(count=Count("id"), oldest=Min("enqueued_at"))
+        .values_list("queue_id", "reason", "origin")
+        .annotate(count=Count("id"))
         .order_by()
     )
     reasons: dict[int, dict[str, int]] = {queue_id: defaultdict(int) for queue_id in ids}
     origins: dict[int, dict[str, int]] = {queue_id: defaultdict(int) for queue_id in ids}
-    oldest: dict[int, datetime] = {}
-    for row in rows:
-        queue_id = row["queue_id"]
-        reasons[queue_id][row["reason"] or NO_HEADER] += row["count"]
-        origins[queue_id][row["origin"] or NO_HEADER] += row["count"]
-        if queue_id not in oldest or row["oldest"] < oldest[queue_id]:
-            oldest[queue_id] = row["oldest"]
+    for queue_id, reason, origin, count in rows:
+        reasons[queue_id][reason or NO_HEADER] += count
+        origins[queue_id][origin or NO_HEADER] += count
+    depths = depths if depths is not None else queue_depths(queue_ids=ids)
+    for queue_id in ids:
+        without = depths[queue_id][MessageState.TO_BE_DELIVERED] - sum(reasons[queue_id].values())
+        if without > 0:
+            reasons[queue_id][NO_HEADER] += without
+            origins[queue_id][NO_HEADER] += without
+    oldest = _oldest_waiting(ids)
     return {
         queue_id: DeadLetterGroups(
             by_reason=_most_first(reasons[queue_id]),
@@ -446,6 +458,19 @@ def dead_letter_groups_of(*, queue_ids: Iterable[int]) -> dict[int, DeadLetterGr
         )
         for queue_id in ids
     }
+
+
+def _oldest_waiting(queue_ids: list[int]) -> dict[int, datetime]:
+    """When each queue's longest-waiting message arrived, for the queues
+    with any: the first entry of message_waiting_idx per queue."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT q.id, (SELECT m.enqueued_at FROM broker_message AS m"
+            " WHERE m.queue_id = q.id AND m.state = 'TBDL' ORDER BY m.enqueued_at LIMIT 1)"
+            " FROM unnest(%s::bigint[]) AS q(id)",
+            [queue_ids],
+        )
+        return {queue_id: at for queue_id, at in cursor.fetchall() if at is not None}
 
 
 def dead_letter_groups(*, queue: Queue) -> DeadLetterGroups:
@@ -467,9 +492,10 @@ class DeadLetterTriage:
 
 
 def dead_letter_triage() -> list[DeadLetterTriage]:
-    """Every dead-letter queue by name with what triage starts from: four
+    """Every dead-letter queue by name with what triage starts from: five
     queries however many queues and messages (queues with their last scan,
-    active tables, depth counters, one grouped count)."""
+    active tables, depth counters, the grouped counts, the oldest arrivals),
+    each on an index."""
     queues = list(dead_letter_queue_list().select_related("last_scan"))
     ids = [queue.id for queue in queues]
     active = {
@@ -477,7 +503,7 @@ def dead_letter_triage() -> list[DeadLetterTriage]:
         for table in RuleTable.objects.filter(queue_id__in=ids, status=RuleTableStatus.ACTIVE)
     }
     depths = queue_depths(queue_ids=ids)
-    groups = dead_letter_groups_of(queue_ids=ids)
+    groups = dead_letter_groups_of(queue_ids=ids, depths=depths)
     return [
         DeadLetterTriage(
             queue=queue,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from broker.models.queues import QUEUE_NAME_MAX_LENGTH, PoisonAction, Queue
@@ -92,7 +93,7 @@ class Message(models.Model):
             #   LIMIT $batch FOR UPDATE SKIP LOCKED
             models.Index(
                 "queue",
-                models.F("priority").desc(),
+                F("priority").desc(),
                 "id",
                 name="message_ready_idx",
                 condition=Q(state=MessageState.TO_BE_DELIVERED),
@@ -102,7 +103,7 @@ class Message(models.Model):
             #   AND suspect AND available_at <= now() ORDER BY priority DESC, id LIMIT 1
             models.Index(
                 "queue",
-                models.F("priority").desc(),
+                F("priority").desc(),
                 "id",
                 name="message_suspect_idx",
                 condition=Q(state=MessageState.TO_BE_DELIVERED, suspect=True),
@@ -137,6 +138,23 @@ class Message(models.Model):
                 fields=["queue", "enqueued_at", "id"],
                 name="message_waiting_idx",
                 condition=Q(state=MessageState.TO_BE_DELIVERED),
+            ),
+            # Messages with a dead-letter header, by queue and reason, with
+            # what triage groups and shows in the index itself:
+            #   SELECT queue_id, dead_letter->>'reason', dead_letter->>'original_queue',
+            #   count(id), min(enqueued_at) FROM broker_message WHERE queue_id = ANY($1)
+            #   AND state = 'TBDL' AND dead_letter IS NOT NULL GROUP BY 1, 2, 3
+            #   SELECT … WHERE queue_id = $1 AND dead_letter->>'reason' = $2
+            #   ORDER BY id DESC LIMIT n
+            # Only dead-lettered messages have entries: a publish, a claim and
+            # an ack of any other message write none (dead_letter stays NULL).
+            models.Index(
+                F("queue"),
+                KT("dead_letter__reason"),
+                F("id"),
+                include=["state", "enqueued_at", "dead_letter"],
+                name="message_dead_letter_idx",
+                condition=Q(dead_letter__isnull=False),
             ),
             # The blacklist, per queue, in quarantine order:
             #   SELECT … FROM broker_message WHERE state = 'NDLV'
