@@ -229,13 +229,18 @@ class SearchedNewestFirst(NewestFirst):
         return paginated
 
 
+class SearchedMessageListSerializer(MessageListSerializer):
+    """One message of the list across queues, whose pages say which ids a
+    search read (a queue's own list has no search)."""
+
+
 class MessageListView(ListAPIView[Message]):
     """Every queue's messages, newest first, in keyset pages, narrowed by the
     console browser's filters. A header or text search reads a span of ids
     a page (SearchedNewestFirst)."""
 
     queryset = Message.objects.none()
-    serializer_class = MessageListSerializer
+    serializer_class = SearchedMessageListSerializer
     pagination_class = SearchedNewestFirst
     filter_backends: list[Any] = []
     message_filter = MessageFilter()
@@ -246,7 +251,8 @@ class MessageListView(ListAPIView[Message]):
         return listed(filtered_messages(self.message_filter))
 
     @extend_schema(
-        parameters=[MessageQuerySerializer], responses={200: MessageListSerializer, 400: ERROR}
+        parameters=[MessageQuerySerializer],
+        responses={200: SearchedMessageListSerializer, 400: ERROR},
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
