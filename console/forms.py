@@ -126,6 +126,9 @@ class QueueSettingsForm(forms.ModelForm):
             "Both dump its payload.",
             "alarm_webhook_url": "Poison alarms of this queue are posted here (blank: the "
             "installation's LAZARETTO_ALARM_WEBHOOK_URL).",
+            "delivered_retention": "What the acknowledgement keeps of each message it "
+            "delivers: the whole message, all but its payload, or nothing. Applies to messages "
+            "acknowledged from now on.",
             "archive_retention_days": "Delivered and failed messages published longer ago "
             "than this many days move to the archive (blank: LAZARETTO_ARCHIVE_RETENTION_DAYS).",
         }

@@ -24,7 +24,7 @@ from broker.models import Message, MessageState
 from broker.services.bulk import bulk_job_run
 from broker.services.queues import queue_create
 from console.tokens import token_create
-from tests.support.messages import blacklisted, dead_lettered
+from tests.support.messages import blacklisted, dead_lettered, payload_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "lazaretto_client"
@@ -106,7 +106,7 @@ def test_a_generated_client_publishes_and_lists_by_filter(generated, client):
 
     assert answer.status_code == 201
     assert answer.parsed.count == 2
-    assert bytes(Message.objects.get(id=answer.parsed.ids[1]).payload) == b"\xff\x00"
+    assert payload_of(Message.objects.get(id=answer.parsed.ids[1])) == b"\xff\x00"
     found = call(generated, "v1_messages_list", client=client, queue="WALK.Q", header="region=eu")
     assert [message.id for message in found.parsed.results] == answer.parsed.ids[:1]
     assert found.parsed.results[0].state.value == "TBDL"

@@ -9,6 +9,7 @@ import pytest
 from broker.models import Message, QueueKind
 from broker.services.queues import queue_create, queue_update
 from tests.support.console import error_beside, logged_in
+from tests.support.messages import payload_of
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +37,7 @@ def test_an_operator_publishes_a_test_message(operator, orders):
 
     assert response.status_code == 302
     message = Message.objects.get(queue=orders)
-    assert bytes(message.payload) == b'{"order": 7}\n'
+    assert payload_of(message) == b'{"order": 7}\n'
     assert message.content_type == "application/json"
     assert message.headers == {"region": "eu", "trace": "a=b"}
     assert message.priority == 7

@@ -11,6 +11,7 @@ from broker.models import AuditEvent, Message, Queue
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.transitions.blacklist import messages_quarantine
 from tests.support.console import QUEUE_SETTINGS_FORM, error_beside, logged_in
+from tests.support.messages import payload_of
 
 pytestmark = pytest.mark.django_db
 
@@ -55,6 +56,7 @@ def test_an_admin_chooses_to_purge_poison_and_names_an_alarm_webhook(admin, orde
         ("consumer", "nope", "No handler is registered"),
         ("suspect_delay_seconds", "9", "less than or equal to 5"),
         ("poison_action", "explode", "Select a valid choice"),
+        ("delivered_retention", "forever", "Select a valid choice"),
         ("alarm_webhook_url", "ftp://alarms.example.com/", "http:// or https://"),
         ("dead_letter_queue", "ORDERS.IN", "Select a valid choice"),
         ("description", "d" * 201, "at most 200 characters"),
@@ -141,7 +143,7 @@ def test_an_operator_corrects_a_blacklisted_message_and_resubmits_it(operator, p
 
     copy = Message.objects.exclude(id=poison).get()
     assert response["Location"] == f"/messages/{copy.id}/"
-    assert bytes(copy.payload) == b'{"qty": 1}'
+    assert payload_of(copy) == b'{"qty": 1}'
     assert copy.headers == {"a": "b", "lazaretto-resubmitted-from": str(poison)}
     assert (copy.state, copy.put_user) == ("TBDL", "oscar")
     assert Message.objects.get(id=poison).state == "NDLV"

@@ -90,7 +90,8 @@ def _document(row: tuple[Any, ...]) -> dict[str, Any]:
     return {
         "id": message_id,
         "queue": queue,
-        "payload_base64": base64.b64encode(bytes(payload)).decode(),
+        # None: a delivered message its queue kept without its payload.
+        "payload_base64": None if payload is None else base64.b64encode(bytes(payload)).decode(),
         "content_type": content_type,
         "headers": headers,
         "priority": priority,

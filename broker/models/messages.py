@@ -23,7 +23,9 @@ class Message(models.Model):
     id = models.BigAutoField(primary_key=True)
     # Indexed together with id below (message_queue_id_idx), not on its own.
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
-    payload = models.BinaryField()
+    # Null: not retained (a queue whose delivered_retention is "headers"
+    # keeps its delivered messages without their payload).
+    payload = models.BinaryField(null=True)
     content_type = models.CharField(max_length=100, default="application/octet-stream")
     headers = models.JSONField(default=dict)
     priority = models.PositiveSmallIntegerField(default=4)
@@ -80,6 +82,11 @@ class Message(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(timeout_count__gte=0), name="message_timeout_count_non_negative"
+            ),
+            # Only a delivered message may have lost its payload.
+            models.CheckConstraint(
+                condition=Q(payload__isnull=False) | Q(state=MessageState.DELIVERED),
+                name="message_payload_kept_unless_delivered",
             ),
         ]
         indexes = [

@@ -80,6 +80,14 @@ class PoisonAction(models.TextChoices):
     PURGE = "purge", "Purge"
 
 
+class DeliveredRetention(models.TextChoices):
+    """What the acknowledgement keeps of a delivered message (DLVD)."""
+
+    FULL = "full", "The whole message"
+    HEADERS = "headers", "All but its payload"
+    NONE = "none", "Nothing: the acknowledgement deletes it"
+
+
 class Queue(models.Model):
     name = models.CharField(
         max_length=QUEUE_NAME_MAX_LENGTH, unique=True, validators=[queue_name_validator]
@@ -144,6 +152,15 @@ class Queue(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="feeding_queues"
     )
     paused = models.BooleanField(default=False)
+    # What the acknowledgement keeps of each message it delivers, read at the
+    # acknowledgement (broker.services.transitions.in_flight): changing it
+    # applies to the messages acknowledged from then on.
+    delivered_retention = models.CharField(
+        max_length=8,
+        choices=DeliveredRetention.choices,
+        default=DeliveredRetention.FULL,
+        db_default=DeliveredRetention.FULL,
+    )
     # Delivered and failed messages older than this many days go to the
     # archive; null: LAZARETTO_ARCHIVE_RETENTION_DAYS.
     archive_retention_days = models.PositiveIntegerField(

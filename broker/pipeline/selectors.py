@@ -70,7 +70,8 @@ class ArchivedMessage:
     id: int
     queue: str
     state: str
-    payload: bytes
+    # None: not retained (the queue kept its delivered messages without it).
+    payload: bytes | None
     content_type: str
     headers: dict[str, Any]
     dead_letter: dict[str, Any] | None
@@ -157,11 +158,13 @@ def _matches(table: pa.Table, window: MessageSelection) -> pa.Table:
 
 
 def archive_count(window: MessageSelection) -> int:
-    """How many archived messages a replay filter matches."""
+    """How many archived messages a replay filter matches: those archived
+    with their payload (a replay has nothing to write for the others)."""
     dataset = _dataset()
     if dataset is None:
         return 0
     expression = _expression(queues=window.queues, since=window.since, until=window.until)
+    expression = expression & ds.field("payload").is_valid()
     if not (window.payload_text or window.header or window.reason):
         return int(dataset.count_rows(filter=expression))
     columns = ["payload", "headers", "dead_letter"]
@@ -201,7 +204,7 @@ def _archived(row: dict[str, Any]) -> ArchivedMessage:
         id=row["id"],
         queue=row["queue"],
         state=row["state"],
-        payload=row["payload"] or b"",
+        payload=row["payload"],
         content_type=row["content_type"] or "",
         headers=json.loads(row["headers"] or "{}"),
         dead_letter=json.loads(row["dead_letter"]) if row["dead_letter"] else None,

@@ -45,6 +45,9 @@ def source_predicate(spec: ReplaySpec, *, all_filters: bool) -> sql.Composed:
             )
     else:
         parts.append(sql.SQL("m.state = {}").format(sql.Literal(_SOURCE_STATES[spec.source])))
+        if spec.source == ReplaySource.DELIVERED:
+            # Kept without its payload (delivered_retention headers): nothing to replay.
+            parts.append(sql.SQL("m.payload IS NOT NULL"))
         if window.queues:
             parts.append(sql.SQL("q.name = ANY({})").format(sql.Literal(list(window.queues))))
     # In UTC: Python takes offsets up to ±23:59, PostgreSQL only to ±15:59.

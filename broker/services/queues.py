@@ -43,6 +43,7 @@ QUEUE_SETTINGS = (
     "discard_to_dead_letter",
     "max_payload_bytes",
     "dead_letter_queue",
+    "delivered_retention",
     "archive_retention_days",
     "paused",
 )

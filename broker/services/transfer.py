@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import encode_basestring_ascii as json_string
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -83,6 +83,7 @@ DOCUMENT_KEYS = (
     "queue",
     "payload",
     "payload_encoding",
+    "payload_retained",
     "content_type",
     "headers",
     "priority",
@@ -130,8 +131,12 @@ def utc_iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def payload_document(payload: bytes) -> tuple[str, str]:
-    """(text, "string") when the payload is UTF-8, else (base64, "base64")."""
+def payload_document(payload: bytes | None) -> tuple[str | None, str | None]:
+    """(text, "string") when the payload is UTF-8, else (base64, "base64");
+    (None, None) when it was not retained."""
+    if payload is None:
+        return None, None
+    payload = bytes(payload)
     try:
         return payload.decode(), "string"
     except UnicodeDecodeError:
@@ -142,12 +147,13 @@ def message_document(row: tuple[Any, ...]) -> dict[str, Any]:
     """One message, read as ``ROW_FIELDS``, as its export document."""
     (message_id, queue, payload, content_type, headers, priority, dead_letter, state) = row[:8]
     crash_count, timeout_count, created_at, updated_at = row[8:]
-    text, encoding = payload_document(bytes(payload))
+    text, encoding = payload_document(payload)
     return {
         "id": message_id,
         "queue": queue,
         "payload": text,
         "payload_encoding": encoding,
+        "payload_retained": payload is not None,
         "content_type": content_type,
         "headers": json.loads(headers),
         "priority": priority,
@@ -166,10 +172,17 @@ def message_line(row: tuple[Any, ...]) -> str:
     them, and only the strings are encoded."""
     (message_id, queue, payload, content_type, headers, priority, dead_letter, state) = row[:8]
     crash_count, timeout_count, created_at, updated_at = row[8:]
-    text, encoding = payload_document(bytes(payload))
+    if payload is None:
+        payload_part = '"payload": null, "payload_encoding": null, "payload_retained": false'
+    else:
+        text, encoding = payload_document(payload)
+        payload_part = (
+            f'"payload": {json_string(cast(str, text))}, "payload_encoding": "{encoding}", '
+            '"payload_retained": true'
+        )
     return (
-        f'{{"id": {message_id}, "queue": {json_string(queue)}, "payload": {json_string(text)}, '
-        f'"payload_encoding": "{encoding}", "content_type": {json_string(content_type)}, '
+        f'{{"id": {message_id}, "queue": {json_string(queue)}, {payload_part}, '
+        f'"content_type": {json_string(content_type)}, '
         f'"headers": {headers}, "priority": {priority}, '
         f'"dead_letter": {"null" if dead_letter is None else dead_letter}, '
         f'"state": "{state}", "crash_count": {crash_count}, "timeout_count": {timeout_count}, '
@@ -179,8 +192,8 @@ def message_line(row: tuple[Any, ...]) -> str:
 
 def _csv_row(row: tuple[Any, ...]) -> list[Any]:
     document = message_document(row)
-    payload = bytes(row[ROW_FIELDS.index("payload")])
-    document["payload_base64"] = base64.b64encode(payload).decode()
+    payload = row[ROW_FIELDS.index("payload")]
+    document["payload_base64"] = "" if payload is None else base64.b64encode(payload).decode()
     document["headers"] = json.dumps(document["headers"], sort_keys=True)
     document["dead_letter"] = (
         ""
@@ -341,6 +354,14 @@ def _text(document: Mapping[str, Any], key: str, default: str) -> str:
 
 
 def _payload(document: Mapping[str, Any]) -> bytes:
+    retained = document.get("payload_retained", True)
+    if not isinstance(retained, bool):
+        raise _Refused(f"payload_retained must be true or false, not {retained!r}.")
+    if not retained or None in (document.get("payload", ""), document.get("payload_base64", "")):
+        raise _Refused(
+            "the payload was not retained (its queue keeps delivered messages without "
+            "their payload): there is nothing to import."
+        )
     if "payload" not in document and "payload_base64" in document:
         encoded, encoding = document["payload_base64"], "base64"
     else:

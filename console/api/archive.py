@@ -12,7 +12,8 @@ from rest_framework.views import APIView
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
 from broker.pipeline.selectors import ArchivedMessage, archive_search
-from console.api.fields import BodySerializer, QuerySerializer, parsed, payload_text
+from broker.services.transfer import payload_document
+from console.api.fields import BodySerializer, QuerySerializer, parsed
 from console.api.schema import ERROR
 
 
@@ -32,8 +33,12 @@ class ArchivedMessageSerializer(BodySerializer[ArchivedMessage]):
     id = serializers.IntegerField()
     queue = serializers.CharField()
     state = serializers.ChoiceField(choices=MessageState.choices)
-    payload = serializers.SerializerMethodField()
-    payload_encoding = serializers.SerializerMethodField()
+    payload = serializers.SerializerMethodField(
+        help_text="The payload as text or base64 (payload_encoding); null when not retained."
+    )
+    payload_encoding = serializers.SerializerMethodField(
+        help_text="string or base64; null when the payload was not retained."
+    )
     content_type = serializers.CharField()
     headers = serializers.DictField()
     dead_letter = serializers.DictField(allow_null=True)
@@ -42,11 +47,11 @@ class ArchivedMessageSerializer(BodySerializer[ArchivedMessage]):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
-    def get_payload(self, message: ArchivedMessage) -> str:
-        return payload_text(message.payload)[0]
+    def get_payload(self, message: ArchivedMessage) -> str | None:
+        return payload_document(message.payload)[0]
 
-    def get_payload_encoding(self, message: ArchivedMessage) -> str:
-        return payload_text(message.payload)[1]
+    def get_payload_encoding(self, message: ArchivedMessage) -> str | None:
+        return payload_document(message.payload)[1]
 
 
 class ArchivePageSerializer(BodySerializer[dict[str, Any]]):

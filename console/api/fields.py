@@ -3,7 +3,6 @@ their schema, names of related objects, payloads, times."""
 
 from __future__ import annotations
 
-import base64
 import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -113,8 +112,21 @@ class BodySerializer(serializers.Serializer[T]):
         return held_to_schema(self, data, super().to_internal_value)
 
 
-# A model's request body held to its schema, as BodySerializer's.
+class NamedChoiceField(serializers.ChoiceField):
+    """A choice whose refusal lists the choices: '"x" is not one of full,
+    headers, none.'"""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        named = ", ".join(str(choice) for choice in self.choices)
+        self.error_messages["invalid_choice"] = f'"{{input}}" is not one of {named}.'
+
+
+# A model's request body held to its schema, as BodySerializer's; a model
+# field with choices refuses a value by naming them.
 class BodyModelSerializer(serializers.ModelSerializer[M]):
+    serializer_choice_field = NamedChoiceField
+
     def to_internal_value(self, data: Any) -> Any:
         return held_to_schema(self, data, super().to_internal_value)
 
@@ -236,14 +248,6 @@ class ExpiryField(FiniteFloatField):
         if value <= 0:
             self.fail("not_positive")
         return value
-
-
-def payload_text(payload: bytes) -> tuple[str, str]:
-    """The payload as (text, "string") when it is UTF-8, else (base64, "base64")."""
-    try:
-        return payload.decode(), "string"
-    except UnicodeDecodeError:
-        return base64.b64encode(payload).decode(), "base64"
 
 
 def as_mapping(detail: Any) -> dict[str, Any]:

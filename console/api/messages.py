@@ -20,7 +20,8 @@ from broker.models import Message, MessageState
 from broker.selectors import message_get
 from broker.services.publish import messages_publish
 from broker.services.queues import queue_get
-from console.api.fields import BodyModelSerializer, payload_text
+from broker.services.transfer import payload_document
+from console.api.fields import BodyModelSerializer
 from console.api.queues import (
     PUBLISH_EXAMPLES,
     PublishResultSerializer,
@@ -32,7 +33,9 @@ from console.api.schema import ERROR
 
 class MessageListSerializer(BodyModelSerializer[Message]):
     queue = serializers.CharField(source="queue.name", read_only=True)
-    payload_bytes = serializers.IntegerField(read_only=True)
+    payload_bytes = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="The payload's size; null when not retained."
+    )
 
     class Meta:
         model = Message
@@ -57,9 +60,19 @@ class MessageListSerializer(BodyModelSerializer[Message]):
 
 class MessageSerializer(BodyModelSerializer[Message]):
     queue = serializers.CharField(source="queue.name", read_only=True)
-    payload = serializers.SerializerMethodField()
-    payload_encoding = serializers.SerializerMethodField()
-    payload_bytes = serializers.SerializerMethodField()
+    payload = serializers.SerializerMethodField(
+        help_text="The payload as text or base64 (payload_encoding); null when not retained."
+    )
+    payload_encoding = serializers.SerializerMethodField(
+        help_text="string or base64; null when the payload was not retained."
+    )
+    payload_bytes = serializers.SerializerMethodField(
+        help_text="The payload's size; null when not retained."
+    )
+    payload_retained = serializers.SerializerMethodField(
+        help_text="False for a delivered message whose queue keeps delivered messages without "
+        "their payload (delivered_retention headers)."
+    )
 
     class Meta:
         model = Message
@@ -73,6 +86,7 @@ class MessageSerializer(BodyModelSerializer[Message]):
             "payload",
             "payload_encoding",
             "payload_bytes",
+            "payload_retained",
             "attempts",
             "crash_count",
             "timeout_count",
@@ -90,14 +104,17 @@ class MessageSerializer(BodyModelSerializer[Message]):
         ]
         read_only_fields = fields
 
-    def get_payload(self, message: Message) -> str:
-        return payload_text(bytes(message.payload))[0]
+    def get_payload(self, message: Message) -> str | None:
+        return payload_document(message.payload)[0]
 
-    def get_payload_encoding(self, message: Message) -> str:
-        return payload_text(bytes(message.payload))[1]
+    def get_payload_encoding(self, message: Message) -> str | None:
+        return payload_document(message.payload)[1]
 
-    def get_payload_bytes(self, message: Message) -> int:
-        return len(message.payload)
+    def get_payload_bytes(self, message: Message) -> int | None:
+        return None if message.payload is None else len(message.payload)
+
+    def get_payload_retained(self, message: Message) -> bool:
+        return message.payload is not None
 
 
 class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):

@@ -25,7 +25,7 @@ PAGE_SIZE = 50
 @dataclass(frozen=True)
 class ArchivedRow:
     message: ArchivedMessage
-    payload: PayloadView
+    payload: PayloadView | None  # None: not retained
 
     @property
     def reason(self) -> str:
@@ -63,7 +63,12 @@ def archive(request: HtmxHttpRequest) -> HttpResponse:
             limit=PAGE_SIZE + 1,
         )
         rows = [
-            ArchivedRow(message, payload_view(message.payload, message.content_type))
+            ArchivedRow(
+                message,
+                None
+                if message.payload is None
+                else payload_view(message.payload, message.content_type),
+            )
             for message in found[:PAGE_SIZE]
         ]
         if len(found) > PAGE_SIZE:

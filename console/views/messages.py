@@ -80,7 +80,9 @@ def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
         "console/message.html",
         {
             "message": message,
-            "payload": payload_view(bytes(message.payload), message.content_type),
+            "payload": None
+            if message.payload is None
+            else payload_view(bytes(message.payload), message.content_type),
             "timeline": message_timeline(message_id=message.id),
             "replayed_from": replayed_from(message_id=message.id),
             "replays": replays_of(message_id=message.id),
@@ -93,6 +95,8 @@ def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
 def message_payload(request: HttpRequest, message_id: int) -> HttpResponse:
     """The whole payload as a download; never rendered by the browser."""
     message = found(message_get, message_id=message_id)
+    if message.payload is None:
+        raise Http404(f"The payload of message {message.id} was not retained.")
     response = HttpResponse(bytes(message.payload), content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="message-{message.id}.bin"'
     return response
@@ -165,7 +169,7 @@ def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResp
     as a new message; the original stays."""
     original = found(message_get, message_id=message_id)
     try:
-        text = bytes(original.payload).decode()
+        text = None if original.payload is None else bytes(original.payload).decode()
     except UnicodeDecodeError:
         text = None
     target = (original.dead_letter or {}).get("original_queue") or original.queue.name

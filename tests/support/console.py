@@ -30,6 +30,7 @@ QUEUE_SETTINGS_FORM = {
     "alarm_webhook_url": "",
     "max_payload_bytes": "1048576",
     "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE",
+    "delivered_retention": "full",
 }
 
 

@@ -95,3 +95,10 @@ def totals(queue_name: str) -> dict[str, int]:
     """A queue's all-time counters, as /metrics shows them."""
     [counts] = [counts for counts in queue_counts() if counts.name == queue_name]
     return counts.totals
+
+
+def payload_of(message: Message) -> bytes:
+    """The message's payload, which it must have (only a delivered message
+    of a queue with delivered_retention "headers" has none)."""
+    assert message.payload is not None, f"message {message.id} kept no payload"
+    return bytes(message.payload)

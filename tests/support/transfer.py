@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from broker.models import Message, Queue
 from broker.services.publish import NewMessage, messages_publish
+from tests.support.messages import payload_of
 
 JSON_LINES = "application/x-ndjson"
 # Text, JSON, and bytes that are not UTF-8 (they travel as base64).
@@ -53,9 +54,7 @@ def contents(queue: Queue | str) -> list[tuple[bytes, str, dict[str, str], int]]
     """The queue's messages as a round trip must keep them, oldest first."""
     name = queue if isinstance(queue, str) else queue.name
     rows = Message.objects.filter(queue__name=name).order_by("id")
-    return [
-        (bytes(m.payload), m.content_type, dict(m.headers), m.priority) for m in rows.iterator()
-    ]
+    return [(payload_of(m), m.content_type, dict(m.headers), m.priority) for m in rows.iterator()]
 
 
 def sample_contents() -> list[tuple[bytes, str, dict[str, str], int]]:

@@ -167,6 +167,8 @@ class Replay:
         if not any(root.glob("queue=*/day=*/*.parquet")):
             return self.spark.createDataFrame([], ROUTED)
         frame = self.spark.read.option("basePath", str(root)).parquet(str(root))
+        # A message archived without its payload has nothing to replay.
+        frame = frame.where(F.col("payload").isNotNull())
         window = self.spec.filter
         if window.queues:
             frame = frame.where(F.col("queue").isin(list(window.queues)))

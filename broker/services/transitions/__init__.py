@@ -6,7 +6,7 @@ message cannot both win, and a refused single-message action changes nothing
 and raises ``IllegalTransition`` saying why.
 
     TBDL -> DLNG             claim                       in_flight.messages_claim
-    DLNG -> DLVD             ack                         in_flight.messages_ack
+    DLNG -> DLVD or deleted  ack (delivered_retention)   in_flight.messages_ack
     DLNG -> TBDL             retry after a handler error in_flight.messages_retry
     DLNG -> TBDL on the DLQ  dead-letter                 in_flight.messages_dead_letter
     DLNG -> TBDL (suspect)   requeue an unanswered one   in_flight.messages_requeue_unanswered

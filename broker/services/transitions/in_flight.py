@@ -28,7 +28,7 @@ import psycopg
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
-from broker.models import MAX_SUSPECT_DELAY_SECONDS, Message
+from broker.models import MAX_SUSPECT_DELAY_SECONDS, DeliveredRetention, Message
 from broker.services.counting import minute_count, minute_count_ctes, queue_ids_by_name
 from broker.services.transitions.blacklist import messages_quarantine
 from broker.services.transitions.headers import MAX_ERROR_LENGTH, dead_letter_header
@@ -115,7 +115,12 @@ CLAIM_RESUMED_SQL = f"WITH {_claim_ctes(suspect=False, resumed=True)} SELECT * F
 # in its predicate, not the state, so that the planner cannot read it whole
 # instead (migration 0013).
 _MESSAGE_COLUMNS = [field.column for field in Message._meta.concrete_fields]
+# What is inserted of each acknowledged message follows its queue's
+# delivered_retention as the queue row reads at the acknowledgement: the
+# whole message ("full"), all but the payload ("headers": a null payload),
+# or nothing ("none": the delete is all).
 _ACKNOWLEDGED = {
+    "payload": f"CASE WHEN q.delivered_retention = '{DeliveredRetention.FULL}' THEN a.payload END",
     "state": "'DLVD'",
     "lease_owner": "''",
     "lease_deadline": "NULL",
@@ -130,8 +135,9 @@ acked AS (
     RETURNING m.*
 ), delivered AS (
     INSERT INTO broker_message ({", ".join(_MESSAGE_COLUMNS)})
-    SELECT {", ".join(_ACKNOWLEDGED.get(column, column) for column in _MESSAGE_COLUMNS)}
-    FROM acked
+    SELECT {", ".join(_ACKNOWLEDGED.get(column, f"a.{column}") for column in _MESSAGE_COLUMNS)}
+    FROM acked AS a JOIN broker_queue AS q ON q.id = a.queue_id
+    WHERE q.delivered_retention <> '{DeliveredRetention.NONE}'
 )"""  # noqa: S608
 
 # The ack alone, uncounted: the benches' bare loop, the floor any delivery

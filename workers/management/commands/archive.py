@@ -74,7 +74,7 @@ class Command(BaseCommand):
                 str(row.id),
                 row.state,
                 timezone.localtime(row.created_at).isoformat(timespec="seconds"),
-                str(len(row.payload)),
+                "-" if row.payload is None else str(len(row.payload)),
                 (row.dead_letter or {}).get("reason") or "-",
                 _preview(row),
             ]
@@ -88,6 +88,8 @@ class Command(BaseCommand):
 
 
 def _preview(row: ArchivedMessage) -> str:
+    if row.payload is None:
+        return "(not retained)"
     head = row.payload[: PAYLOAD_PREVIEW * 4]
     text = " ".join(head.decode(errors="replace").split())
     cut = len(text) > PAYLOAD_PREVIEW or len(row.payload) > len(head)
