@@ -56,6 +56,7 @@ CONSOLE: list[Row] = [
     *route("queue", "/queues/ORDERS.IN/", GET=VIEWER),
     *route("queue-publish", "/queues/ORDERS.IN/publish/", POST=OPERATOR),
     *route("queue-limits", "/queues/ORDERS.IN/limits/", GET=VIEWER, POST=ADMIN),
+    *route("queue-activity", "/queues/ORDERS.IN/activity/", GET=VIEWER),
     *route("queue-settings", "/queues/ORDERS.IN/settings/", POST=ADMIN),
     *route("queue-pause", "/queues/ORDERS.IN/pause/", POST=OPERATOR),
     *route("queue-purge", "/queues/ORDERS.IN/purge/", POST=OPERATOR),
