@@ -1,25 +1,32 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.apps import apps as global_apps
+from django.apps.registry import Apps
 from django.conf import settings
 from django.db.models.signals import post_migrate
 
 SYSTEM_DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 
 
-def installation_rows(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+def installation_rows(
+    sender: AppConfig, using: str = "default", apps: Apps = global_apps, **kwargs: Any
+) -> None:
     """The rows every installation has: the system dead-letter queue and the
     HA pair's row (epoch 1). Migrations 0003 and 0010 insert them; this puts
     them back after ``manage.py flush`` emptied every table (Django sends
     post_migrate after a flush as after a migrate), and does nothing when
-    they are there."""
-    from broker.models import HaPair, Queue, QueueKind
-
-    Queue.objects.using(using).get_or_create(
+    they are there. Through ``apps``, the models as the migrations left them:
+    after a migration back, today's models name columns not there yet."""
+    try:
+        queue, pair = apps.get_model("broker", "Queue"), apps.get_model("broker", "HaPair")
+    except LookupError:  # migrated back before the tables
+        return
+    queue.objects.using(using).get_or_create(
         name=SYSTEM_DEAD_LETTER_QUEUE,
-        defaults={"kind": QueueKind.DEAD_LETTER, "description": "Messages no consumer could take."},
+        defaults={"kind": "dead_letter", "description": "Messages no consumer could take."},
     )
-    HaPair.objects.using(using).get_or_create(id=1, defaults={"epoch": 1, "primary_name": ""})
+    pair.objects.using(using).get_or_create(id=1, defaults={"epoch": 1, "primary_name": ""})
 
 
 class BrokerConfig(AppConfig):
