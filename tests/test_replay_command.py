@@ -4,6 +4,7 @@ through to workers.pipeline with stand-ins for the driver."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
@@ -293,18 +294,21 @@ def driver_stand_in(status: str = ReplayJobStatus.DONE, error: str = ""):
     """Does what the Spark driver reports, through the same service calls."""
     calls: list[int] = []
 
-    def launch(job_id: int) -> ReplayJob:
+    def launch(job_id: int, *, watch: Callable[[ReplayJob], None] | None = None) -> ReplayJob:
         calls.append(job_id)
         assert replay_run_start(job_id=job_id, pid=4711) is not None
-        replay_run_progress(
-            job_id=job_id,
-            total=3,
-            read=3,
-            matched=3,
-            written=3,
-            per_target={"ORDERS.IN": 3},
-            spark_app_id="local-42",
-        )
+        for step in (1, 3):
+            replay_run_progress(
+                job_id=job_id,
+                total=3,
+                read=step,
+                matched=step,
+                written=step,
+                per_target={"ORDERS.IN": step},
+                spark_app_id="local-42",
+            )
+            if watch is not None:
+                watch(ReplayJob.objects.get(id=job_id))
         return replay_run_finish(job_id=job_id, status=status, error=error)
 
     launch.calls = calls  # type: ignore[attr-defined]
@@ -324,6 +328,31 @@ def test_submit_wait_runs_the_job_here_and_prints_how_it_ended(orders, monkeypat
     assert "  status      done, 100%\n" in output
     assert "  counts      total 3, read 3, matched 3, written 3, skipped 0, failed 0\n" in output
     assert "  spark app   local-42\n" in output
+
+
+def test_wait_with_progress_draws_a_bar_of_settled_rows_with_the_counts(orders, monkeypatch):
+    monkeypatch.setattr("workers.pipeline.replay_job_launch", driver_stand_in())
+    err = StringIO()
+
+    call_command(
+        "replay", "submit", *FROM_DLQ, "--wait", "--progress", stdout=StringIO(), stderr=err
+    )
+
+    job = ReplayJob.objects.get()
+    bar = err.getvalue()
+    assert f"replay job {job.id}:  33%" in bar
+    assert f"replay job {job.id}: 100%" in bar
+    assert "3/3" in bar
+    assert "written=3, skipped=0, failed=0" in bar
+
+
+def test_without_a_terminal_the_bar_stays_off_unless_asked(orders, monkeypatch):
+    monkeypatch.setattr("workers.pipeline.replay_job_launch", driver_stand_in())
+    err = StringIO()
+
+    call_command("replay", "submit", *FROM_DLQ, "--wait", stdout=StringIO(), stderr=err)
+
+    assert err.getvalue() == ""
 
 
 def test_submit_wait_exits_non_zero_when_the_job_fails(orders, monkeypatch):
@@ -352,7 +381,7 @@ def test_run_wait_runs_the_job_again_here(orders, monkeypatch):
 
 
 def test_interrupting_a_wait_cancels_the_job(db, monkeypatch):
-    def interrupted(job_id: int) -> ReplayJob:
+    def interrupted(job_id: int, **kwargs: Any) -> ReplayJob:
         raise KeyboardInterrupt
 
     monkeypatch.setattr("workers.pipeline.replay_job_launch", interrupted)
@@ -383,9 +412,23 @@ def archive(*args: str) -> str:
 
 
 def test_archive_run_calls_the_archive_job(monkeypatch):
-    monkeypatch.setattr("workers.pipeline.archive_launch", lambda: 0)
+    monkeypatch.setattr("workers.pipeline.archive_launch", lambda **kwargs: 0)
 
     assert archive("run") == "archive run finished\n"
+
+
+def test_archive_run_with_progress_counts_the_messages_archived(monkeypatch):
+    def launch(*, watch: Callable[[int], None]) -> int:
+        for rows in (5_000, 12_000):
+            watch(rows)
+        return 0
+
+    monkeypatch.setattr("workers.pipeline.archive_launch", launch)
+    err = StringIO()
+
+    call_command("archive", "run", "--progress", stdout=StringIO(), stderr=err)
+
+    assert "archived: 12000msg" in err.getvalue()
 
 
 @pytest.mark.parametrize(
@@ -393,7 +436,7 @@ def test_archive_run_calls_the_archive_job(monkeypatch):
     [(3, "its Spark driver exited with status 3"), (-9, "killed by signal SIGKILL")],
 )
 def test_archive_run_fails_when_its_driver_does(monkeypatch, code, expected):
-    monkeypatch.setattr("workers.pipeline.archive_launch", lambda: code)
+    monkeypatch.setattr("workers.pipeline.archive_launch", lambda **kwargs: code)
 
     with pytest.raises(CommandError, match=expected):
         archive("run")

@@ -16,9 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from broker.models import ReplayJob, ReplayJobStatus
+from django.db.models import Max, Sum
+
+from broker.models import ArchiveChunk, ReplayJob, ReplayJobStatus
 from broker.pipeline.replay import replay_run_finish
 
 logger = logging.getLogger(__name__)
@@ -57,14 +60,20 @@ def _exit_text(code: int) -> str:
     return f"the Spark driver exited with status {code}"
 
 
-def replay_job_launch(job_id: int) -> ReplayJob:
+def replay_job_launch(
+    job_id: int, *, watch: Callable[[ReplayJob], None] | None = None
+) -> ReplayJob:
     """Run a queued replay job's driver to its end; stop it when a cancel
-    is asked for. Returns the job as it ended."""
+    is asked for. ``watch`` sees the job as it stands at every poll.
+    Returns the job as it ended."""
     process = _spawn("replay", str(job_id))
     cancelled = False
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
-        if not cancelled and ReplayJob.objects.filter(id=job_id, cancel_requested=True).exists():
+        job = ReplayJob.objects.get(id=job_id)
+        if watch is not None:
+            watch(job)
+        if not cancelled and job.cancel_requested:
             logger.info("replay job %s: cancel asked for; stopping the Spark driver", job_id)
             cancelled = True
             _stop(process)
@@ -79,7 +88,15 @@ def replay_job_launch(job_id: int) -> ReplayJob:
     return job
 
 
-def archive_launch() -> int:
-    """Run the archive's driver to its end; returns its exit status."""
+def archive_launch(*, watch: Callable[[int], None] | None = None) -> int:
+    """Run the archive's driver to its end; ``watch`` sees at every poll how
+    many messages this run has archived so far (the rows of the chunks it
+    recorded). Returns the driver's exit status."""
+    before = ArchiveChunk.objects.aggregate(last=Max("id"))["last"] or 0
     process = _spawn("archive")
-    return process.wait()
+    while process.poll() is None:
+        time.sleep(POLL_SECONDS)
+        if watch is not None:
+            archived = ArchiveChunk.objects.filter(id__gt=before).aggregate(rows=Sum("rows"))
+            watch(archived["rows"] or 0)
+    return process.returncode

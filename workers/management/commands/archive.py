@@ -3,6 +3,7 @@ now, or search what it holds."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from broker.pipeline.selectors import MAX_RESULTS, ArchivedMessage, archive_search
 from workers import pipeline
 from workers.management.commands.replay import invalid_text, moment_option, table
+from workers.progress import Progress
 
 PAYLOAD_PREVIEW = 60
 
@@ -21,9 +23,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(dest="action", required=True)
-        commands.add_parser(
+        run = commands.add_parser(
             "run",
             help="move delivered and failed messages past their retention to Parquet, now",
+        )
+        run.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="a progress bar on stderr (default: when stderr is a terminal)",
         )
         search = commands.add_parser("search", help="archived messages of a queue, newest first")
         search.add_argument("--queue", required=True)
@@ -35,8 +43,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         getattr(self, f"_{action}")(**options)
 
-    def _run(self, **options: Any) -> None:
-        code = pipeline.archive_launch()
+    def _run(self, *, progress: bool | None, **options: Any) -> None:
+        with Progress(self.stderr, what="archived", show=progress) as bar:
+            code = pipeline.archive_launch(watch=bar.archived)
         if code < 0:
             raise CommandError(
                 f"the archive job failed: its Spark driver was killed by signal "

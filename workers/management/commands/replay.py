@@ -3,6 +3,7 @@ here in the foreground), show, cancel or run one again, list them."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import time
@@ -27,6 +28,7 @@ from broker.pipeline.selection import (
 from broker.pipeline.selectors import replay_job_get, replay_jobs_recent
 from broker.services.audit import Actor
 from workers import pipeline
+from workers.progress import Progress
 
 # Field names (the replay service's, and the archive search's limit) as the
 # options that set them, in the order errors are reported.
@@ -151,6 +153,12 @@ class Command(BaseCommand):
             action="store_true",
             help="run the job here, in the foreground, and exit non-zero unless it is done",
         )
+        parser.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="with --wait, a progress bar on stderr (default: when stderr is a terminal)",
+        )
 
     def _add_user(self, parser: CommandParser) -> None:
         parser.add_argument("--user", metavar="NAME", help="act as this user (default: system)")
@@ -179,6 +187,7 @@ class Command(BaseCommand):
         velocity: str | None,
         dry_run: bool,
         wait: bool,
+        progress: bool | None,
         user: str | None,
         **options: Any,
     ) -> None:
@@ -217,7 +226,7 @@ class Command(BaseCommand):
         job = replay_job_submit(spec=spec, actor=actor)
         self.stdout.write(f"replay job {job.id} queued" + (" (dry run)" if job.dry_run else ""))
         if wait:
-            self._wait(job.id, actor)
+            self._wait(job.id, actor, progress)
 
     def _status(self, *, job_id: int, **options: Any) -> None:
         self._show(replay_job_get(job_id=job_id))
@@ -232,12 +241,20 @@ class Command(BaseCommand):
                 "(what it wrote stays written)"
             )
 
-    def _run(self, *, job_id: int, wait: bool, user: str | None, **options: Any) -> None:
+    def _run(
+        self,
+        *,
+        job_id: int,
+        wait: bool,
+        progress: bool | None,
+        user: str | None,
+        **options: Any,
+    ) -> None:
         actor = self._actor(user)
         job = replay_job_run_again(job_id=job_id, actor=actor)
         self.stdout.write(f"replay job {job.id} queued again")
         if wait:
-            self._wait(job.id, actor)
+            self._wait(job.id, actor, progress)
 
     def _list(self, *, limit: int, **options: Any) -> None:
         if limit < 1:
@@ -265,15 +282,17 @@ class Command(BaseCommand):
 
     # --- helpers ---------------------------------------------------------------------
 
-    def _wait(self, job_id: int, actor: Actor) -> None:
-        """Run the job's Spark driver here; the exit status says whether it
-        ended done. Ctrl-C asks the job to stop."""
+    def _wait(self, job_id: int, actor: Actor, progress: bool | None) -> None:
+        """Run the job's Spark driver here, with a progress bar; the exit
+        status says whether it ended done. Ctrl-C asks the job to stop."""
         self.stdout.write(f"replay job {job_id} running here (Ctrl-C cancels it)")
         try:
-            job = pipeline.replay_job_launch(job_id)
-            while not job.finished:  # a pipeline worker took it first: follow it
-                time.sleep(1.0)
-                job.refresh_from_db()
+            with Progress(self.stderr, what=f"replay job {job_id}", show=progress) as bar:
+                job = pipeline.replay_job_launch(job_id, watch=bar.replay)
+                while not job.finished:  # a pipeline worker took it first: follow it
+                    time.sleep(1.0)
+                    job.refresh_from_db()
+                    bar.replay(job)
         except KeyboardInterrupt:
             with contextlib.suppress(BrokerError):  # it ended meanwhile
                 replay_job_cancel(job_id=job_id, actor=actor)
