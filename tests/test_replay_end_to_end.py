@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,7 +247,12 @@ def test_filters_pick_by_queue_reason_time_header_and_payload():
         assert message.dead_letter["original_queue"] == "ORDERS.IN"
 
 
-def test_a_filter_matching_nothing_completes_with_zero_counts():
+def test_a_filter_matching_nothing_completes_with_zero_counts_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the driver's temporary files go here
     orders = queue_create(name="ORDERS.IN", consumer="")
     dead_lettered(orders, 10)
     job = run(submit(filter=MessageSelection(payload_text="no such text")))
@@ -254,6 +260,7 @@ def test_a_filter_matching_nothing_completes_with_zero_counts():
     assert (job.read, job.matched, job.written, job.skipped, job.failed) == (10, 0, 0, 0, 0)
     assert job.per_target == {}
     assert on("ORDERS.IN") == 0
+    assert list(scratch.iterdir()) == []
 
 
 @pytest.mark.parametrize(

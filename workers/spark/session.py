@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -23,7 +25,9 @@ WRITE_BATCH_ROWS = 10_000
 
 def spark_session(app_name: str) -> SparkSession:
     """A session on SPARK_MASTER with PostgreSQL's JDBC driver and the rules
-    package on every executor."""
+    package on every executor. Its files (the rules zip, Spark's scratch
+    space) go to one temporary directory of this driver, removed when it
+    exits (``_scratch``)."""
     jar = Path(settings.SPARK_JDBC_JAR)
     if not jar.is_file():
         raise ImproperlyConfigured(
@@ -35,9 +39,11 @@ def spark_session(app_name: str) -> SparkSession:
         # One machine: keep Spark's own sockets on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    scratch = _scratch()
     spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
+        .config("spark.local.dir", str(scratch / "spark"))
         .config("spark.jars", str(jar))
         .config("spark.driver.memory", settings.LAZARETTO_SPARK_DRIVER_MEMORY)
         .config("spark.driver.extraJavaOptions", settings.LAZARETTO_SPARK_JAVA_OPTIONS)
@@ -49,13 +55,28 @@ def spark_session(app_name: str) -> SparkSession:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    spark.sparkContext.addPyFile(str(_rules_zip()))
+    spark.sparkContext.addPyFile(str(_rules_zip(scratch)))
     return spark
 
 
-def _rules_zip() -> Path:
+def _scratch() -> Path:
+    """A temporary directory for this driver's files, removed when the
+    driver exits, once its session has stopped writing there."""
+    directory = Path(tempfile.mkdtemp(prefix="lazaretto-spark-"))
+
+    def remove() -> None:
+        session = SparkSession.getActiveSession()
+        if session is not None:
+            session.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(remove)
+    return directory
+
+
+def _rules_zip(scratch: Path) -> Path:
     """broker/rules (standard library only) as a zip for the executors."""
-    target = Path(tempfile.mkdtemp(prefix="lazaretto-spark-")) / "broker_rules.zip"
+    target = scratch / "broker_rules.zip"
     with zipfile.ZipFile(target, "w") as archive:
         archive.writestr("broker/__init__.py", "")
         for path in sorted((ROOT / "broker" / "rules").glob("*.py")):
