@@ -36,6 +36,7 @@ from broker.services.queues import queue_create
 from rig.processes import wait_until
 from tests.support.messages import claimed, dead_lettered, quarantined
 from workers.pipeline import replay_job_launch
+from workers.spark.replay import KILL_AFTER_WRITE
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 S = MessageState
@@ -152,6 +153,28 @@ def test_a_driver_killed_midway_then_run_again_completes_without_duplicates():
     assert job.skipped == killed.written
     assert on("ORDERS.IN") == 3000
     assert copies_per_source(job) == Counter(dict.fromkeys(sources, 1))
+
+
+def test_a_driver_killed_right_after_a_write_leaves_counts_that_add_up(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    dead_lettered(orders, 300)
+    job = submit(velocity=100)
+    monkeypatch.setenv(KILL_AFTER_WRITE, "1")
+
+    killed = run(job)
+
+    assert killed.status == ReplayJobStatus.FAILED
+    assert "SIGKILL" in killed.error
+    assert (killed.written, on("ORDERS.IN")) == (100, 100)
+    monkeypatch.delenv(KILL_AFTER_WRITE)
+    replay_job_run_again(job_id=job.id, actor=None)
+    again = run(job)
+    assert (again.status, again.written, again.skipped) == (ReplayJobStatus.DONE, 200, 100)
+    audited = AuditEvent.objects.filter(action="replay_finish", details__job=job.id)
+    assert sorted(event.details["written"] for event in audited) == [100, 200]
+    assert on("ORDERS.IN") == 300
 
 
 def test_cancel_stops_the_driver_and_leaves_what_was_written():

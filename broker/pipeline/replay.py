@@ -180,19 +180,44 @@ def replay_stage_analyze() -> None:
         cursor.execute("ANALYZE broker_replaystage, broker_replayedmessage")
 
 
-def replay_write_staged(*, job: ReplayJob, after: int, upto: int) -> dict[str, int]:
-    """Write the staged messages of (after, upto] in one transaction and wake
-    their queues; returns messages written per queue name."""
+def replay_write_staged(
+    *, job: ReplayJob, after: int, upto: int, progress: dict[str, Any]
+) -> ReplayJob:
+    """Write the staged messages of (after, upto] and wake their queues, and
+    in the same transaction store the run's counts: ``progress`` (what the
+    driver counted so far: read, matched, skipped, failed, per rule) and
+    what this write did (written and per target, and the staged sources an
+    earlier run wrote, as skipped). A driver killed right after the commit
+    leaves a job whose counts are those of the copies present. Returns the
+    job as stored."""
     with transaction.atomic():
+        stored = ReplayJob.objects.select_for_update().get(id=job.id)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM broker_replaystage"
+                " WHERE job_id = %s AND source_id > %s AND source_id <= %s",
+                [job.id, after, upto],
+            )
+            (staged,) = cursor.fetchone()
         by_id = messages_replay_staged(
             job_id=job.id, after=after, upto=upto, from_archive=job.source == ReplaySource.ARCHIVE
         )
         queues = Queue.objects.in_bulk(list(by_id))
+        written = sum(by_id.values())
+        for name, value in progress.items():
+            setattr(stored, name, value)
+        stored.written += written
+        stored.skipped += staged - written
+        for queue_id, count in by_id.items():
+            name = queues[queue_id].name
+            stored.per_target[name] = stored.per_target.get(name, 0) + count
+        stored.heartbeat_at = timezone.now()
+        stored.save(update_fields={*progress, "written", "skipped", "per_target", "heartbeat_at"})
         for queue_id, count in by_id.items():
             queue = queues[queue_id]
             if queue.kind == QueueKind.STANDARD:
                 messages_available.send(sender=Queue, queue=queue, count=count)
-    return {queues[queue_id].name: count for queue_id, count in by_id.items()}
+    return stored
 
 
 @transaction.atomic

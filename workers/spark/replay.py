@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ logger = logging.getLogger(__name__)
 FILTERED = "filtered"
 MAX_ID = 2**63 - 1  # bigint's largest: an archive replay is one range
 SAMPLE_ROWS = 10
+# Tests: the driver kills itself right after its first write commits.
+KILL_AFTER_WRITE = "LAZARETTO_REPLAY_KILL_AFTER_WRITE"
 ROUTED = StructType(
     [
         StructField("id", LongType(), False),
@@ -93,13 +96,16 @@ class Tally:
     sample: list[dict[str, Any]] = field(default_factory=list)
 
     def stored(self) -> dict[str, Any]:
+        return {**self.counted(), "written": self.written, "per_target": dict(self.per_target)}
+
+    def counted(self) -> dict[str, Any]:
+        """What the driver counts itself; a write adds what it wrote, and
+        the staged sources it skipped as written by an earlier run."""
         return {
             "read": self.read,
             "matched": self.matched,
-            "written": self.written,
             "skipped": self.skipped,
             "failed": self.failed,
-            "per_target": dict(self.per_target),
             "per_rule": dict(self.per_rule),
             "sample": self.sample,
         }
@@ -258,7 +264,7 @@ class Replay:
         finally:
             routed.unpersist()
         if not self.job.dry_run and staged:
-            self._write(after, upto, staged)
+            self._write(after, upto)
         self._report()
 
     def _count(self, groups: list[Any]) -> int:
@@ -314,29 +320,30 @@ class Replay:
 
     # --- writing -----------------------------------------------------------------
 
-    def _write(self, after: int, upto: int, staged: int) -> None:
+    def _write(self, after: int, upto: int) -> None:
         """Write the range's staged copies: in one statement, or under a
         velocity limit in statements of at most ``velocity`` messages, a
-        second apart."""
+        second apart; each stores the run's counts as it commits."""
         velocity = self.job.velocity
         bounds = (
             [upto]
             if velocity is None
             else replay_stage_bounds(job_id=self.job.id, after=after, upto=upto, velocity=velocity)
         )
-        written = 0
         for upper in bounds:
             started = time.monotonic()
-            by_queue = replay_write_staged(job=self.job, after=after, upto=upper)
+            stored = replay_write_staged(
+                job=self.job, after=after, upto=upper, progress=self.tally.counted()
+            )
             after = upper
-            written += sum(by_queue.values())
-            self.tally.written += sum(by_queue.values())
-            self.tally.per_target.update(by_queue)
+            # The write stored what it did; the tally goes on from there.
+            self.tally.written, self.tally.skipped = stored.written, stored.skipped
+            self.tally.per_target = Counter(stored.per_target)
+            if os.environ.get(KILL_AFTER_WRITE):
+                os.kill(os.getpid(), signal.SIGKILL)
             if velocity is not None and upper != bounds[-1]:
                 self._report()
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
-        # Staged but not written: the job wrote them in an earlier run.
-        self.tally.skipped += staged - written
         replay_stage_clear(job_id=self.job.id, upto=upto)
 
     def _report(self, **extra: Any) -> None:
