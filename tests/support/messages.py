@@ -59,8 +59,9 @@ def dead_lettered(
 
 
 def quarantined(ids: Sequence[int], reason: str = "crashed twice") -> list[int]:
-    """These messages quarantined (NDLV) with a dump file and an audit event."""
-    return messages_quarantine(reasons=dict.fromkeys(ids, reason))
+    """These messages quarantined (NDLV) with a dump file and an audit
+    event; their ids in order (the statement returns them in any)."""
+    return sorted(messages_quarantine(reasons=dict.fromkeys(ids, reason)))
 
 
 def blacklisted(
