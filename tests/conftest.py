@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection, connections
@@ -145,7 +147,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     point_celery_at(server.url)
     yield server
     server.stop()
-    point_celery_at(settings.CELERY_BROKER_URL)
+    point_celery_at(tasks_url_for_tests())
 
 
 @pytest.fixture
@@ -227,6 +229,35 @@ def process_private_cache_and_files(tmp_path_factory: pytest.TempPathFactory) ->
         ARCHIVE_DIR=files / "archive",
     ):
         yield
+
+
+# The Redis database (of the project's Redis) the suite's wake-ups go to.
+TEST_TASKS_DATABASE = 14
+
+
+def tasks_url_for_tests() -> str:
+    return urlsplit(settings.CELERY_BROKER_URL)._replace(path=f"/{TEST_TASKS_DATABASE}").geturl()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tasks_kept_from_make_run() -> Iterator[None]:
+    """The tasks this session sends (wake-ups after a commit, jobs to run),
+    and those of the servers it starts, go to a database of the project's
+    Redis that no worker reads, emptied when the session starts: on database
+    0 they waited for `make run`'s workers, which then ran them against its
+    own store. Tests that need workers start a Redis of their own
+    (``redis_server``)."""
+    url = tasks_url_for_tests()
+    previous = os.environ.get("CELERY_BROKER_URL")
+    os.environ["CELERY_BROKER_URL"] = url
+    point_celery_at(url)
+    with suppress(redis.RedisError):
+        redis.Redis.from_url(url, socket_connect_timeout=1).flushdb()
+    yield
+    if previous is None:
+        os.environ.pop("CELERY_BROKER_URL", None)
+    else:
+        os.environ["CELERY_BROKER_URL"] = previous
 
 
 @pytest.fixture(scope="session", autouse=True)
