@@ -50,9 +50,9 @@ class QueueActivity:
 
 
 def queue_activity(*, queue: Queue, window: Window) -> QueueActivity:
-    """``queue``'s rates and depths over ``window``: two queries on the
-    per-minute rows of the queue (unique indexes queue_minute_unique and
-    queue_depth_minute_unique), whatever the backlog."""
+    """``queue``'s rates and depths over ``window``: three small queries
+    whatever the backlog (the queue's per-minute rows, on the unique indexes
+    queue_minute_unique and queue_depth_minute_unique, and its depths now)."""
     size = window.slot_minutes
     now = timezone.now().replace(second=0, microsecond=0)
     # Slots start on multiples of their size (quarter hours for the day).
