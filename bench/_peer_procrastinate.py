@@ -17,7 +17,7 @@ from typing import Any
 
 from procrastinate import App, PsycopgConnector  # type: ignore[import-not-found]
 
-from bench._peer_worker import QUEUE, Tally, chunks, payload, run_command, wait_for_go
+from bench._peer_worker import QUEUE, Commands, Tally, chunks, payload, run_command, wait_for_go
 
 PRELOAD_BATCH = 1000
 
@@ -61,8 +61,8 @@ def counted(manager: Any, tally: Tally) -> None:
     manager.fetch_job, manager.finish_job = counted_fetch_job, counted_finish_job
 
 
-async def work(url: str, batch: int) -> None:
-    """``batch`` is not used: Procrastinate has none (see above)."""
+async def work(url: str, batch: int, mode: str) -> None:
+    """``batch`` and ``mode`` are not used: Procrastinate has neither (see above)."""
     tally = Tally()
     app = make_app(url)
     async with app.open_async():
@@ -74,7 +74,7 @@ async def work(url: str, batch: int) -> None:
 
 
 def main() -> None:
-    run_command(__doc__, prepare, work)
+    run_command(__doc__, Commands(prepare, work))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ neither Django nor the project's packages. The protocol with the bench:
   stdout and waits for a ``go`` line on stdin, so that start-up is not timed;
 - it drains the queue, counting how many messages each fetch returned;
 - it prints one line ``report {json}`` on stdout and exits 0.
+
+A peer whose latency the bench measures also has ``listen`` (consume as
+messages come, until killed) and ``publish`` (one message at a time at a
+rate, then a report of each one's publish-to-acknowledgement time).
 """
 
 from __future__ import annotations
@@ -96,7 +100,9 @@ class Tally:
 
 
 def arguments(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
-    """``prepare --url U --messages N --size S`` or ``work --url U [--batch B]``."""
+    """``prepare --url U --messages N --size S``, ``work --url U [--batch B]
+    [--mode M]``, ``listen --url U [--batch B]`` or ``publish --url U --rate R
+    --seconds S``."""
     parser = argparse.ArgumentParser(description=description)
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="install the schema and preload the queue")
@@ -106,25 +112,56 @@ def arguments(description: str | None, argv: list[str] | None = None) -> argpars
     work = commands.add_parser("work", help="drain the queue, then report")
     work.add_argument("--url", required=True)
     work.add_argument("--batch", type=int, default=1)
+    work.add_argument("--mode", default="", help="how the peer acknowledges, if it has ways")
+    listen = commands.add_parser("listen", help="consume as messages come, until killed")
+    listen.add_argument("--url", required=True)
+    listen.add_argument("--batch", type=int, default=1)
+    publish = commands.add_parser("publish", help="publish one at a time, then report latencies")
+    publish.add_argument("--url", required=True)
+    publish.add_argument("--rate", type=float, required=True)
+    publish.add_argument("--seconds", type=float, required=True)
+    publish.add_argument("--size", type=int, required=True)
     return parser.parse_args(argv)
 
 
-def run_command(
-    doc: str | None,
-    prepare: Callable[[str, int, int], object],
-    work: Callable[[str, int], object],
-) -> None:
-    """A peer module's main: ``prepare(url, messages, size)`` or
-    ``work(url, batch)`` as the command line says, the module docstring's
-    first line as its description; a coroutine either returns is run with
-    asyncio."""
+@dataclass(frozen=True)
+class Commands:
+    """A peer module's commands: ``prepare(url, messages, size)``,
+    ``work(url, batch, mode)``, and for a peer whose latency is measured
+    ``listen(url, batch)`` and ``publish(url, rate, seconds, size)``."""
+
+    prepare: Callable[[str, int, int], object]
+    work: Callable[[str, int, str], object]
+    listen: Callable[[str, int], object] | None = None
+    publish: Callable[[str, float, float, int], object] | None = None
+
+
+def run_command(doc: str | None, commands: Commands) -> None:
+    """A peer module's main: the command the command line names, the module
+    docstring's first line as its description; a coroutine a command
+    returns is run with asyncio."""
     args = arguments(doc.splitlines()[0] if doc else None)
     if args.command == "prepare":
-        result = prepare(args.url, args.messages, args.size)
+        result = commands.prepare(args.url, args.messages, args.size)
+    elif args.command == "work":
+        result = commands.work(args.url, args.batch, args.mode)
+    elif args.command == "listen" and commands.listen is not None:
+        result = commands.listen(args.url, args.batch)
+    elif args.command == "publish" and commands.publish is not None:
+        result = commands.publish(args.url, args.rate, args.seconds, args.size)
     else:
-        result = work(args.url, args.batch)
+        raise SystemExit(f"this peer has no {args.command} command")
     if isinstance(result, Coroutine):
         asyncio.run(result)
+
+
+def publish_times(rate: float, seconds: float) -> list[float]:
+    """When each message of a paced publish is due (time.monotonic()), one
+    every 1/``rate`` seconds for ``seconds`` from now: each is sent on its
+    time, not after the previous one's work, so a slow publish delays only
+    itself."""
+    started = time.monotonic()
+    return [started + index / rate for index in range(max(1, round(rate * seconds)))]
 
 
 def payload(size: int) -> str:

@@ -1,9 +1,12 @@
-"""Lazaretto beside its peers: delivery throughput of Lazaretto, the bare
-claim+ack loop, PGMQ, PgQueuer, Procrastinate and Celery with Redis alone.
+"""Lazaretto beside its peers: delivery throughput of Lazaretto in each
+delivered_retention mode beside the peer that keeps as much (PGMQ's archive,
+PGMQ's delete, PgQueuer), the bare claim+ack loop, Procrastinate and Celery
+with Redis alone; then the publish-to-ack latency of Lazaretto and PgQueuer
+at a light load.
 
-One system at a time, on a fresh database per run; the peers run in
-var/peers-venv. The figures also go to var/bench/peers-<UTC>.json and
-var/bench/peers-latest.json.
+One system at a time, on a fresh database per run, every system once a
+round, --samples rounds; the peers run in var/peers-venv. The figures also
+go to var/bench/peers-<UTC>.json and var/bench/peers-latest.json.
 """
 
 from __future__ import annotations
@@ -31,23 +34,54 @@ import psycopg
 
 from bench import _celery
 from bench import _harness as harness
+from bench import _peer_lazaretto as lazaretto
+from bench._peer_report import (
+    SYSTEMS,
+    TARGETS,
+    DatabaseWork,
+    Result,
+    latency_figures,
+    latency_targets,
+    print_latency,
+    print_results,
+    print_targets,
+    sampled,
+    summary_rows,
+    targets_summary,
+)
 from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
 from bench._venv import VenvError, venv_python
 
 if TYPE_CHECKING:
     from rig.processes import RedisServer
 
+__all__ = ["SYSTEMS", "TARGETS", "DatabaseWork", "Result", "main"]
+
 SIZE = 1024
 # Worker processes per system: Lazaretto's deliveries worker --concurrency,
 # the Celery-alone worker's -c, and the processes started for the others.
 WORKERS = 2
-# Lazaretto's batch that single-setting peers are compared with.
-REFERENCE_BATCH = 100
-# Slow systems drain fewer messages by default (never more than --messages),
-# so that the default run stays within about 20 minutes.
+# Each drain should last at least 15 s on the development machine: N at
+# batch 100 (Lazaretto about 20,000 msgs/s, PGMQ's delete 30,000), and at
+# smaller batches a share of N as their rates are (about 2/5 at batch 10).
+DEFAULT_MESSAGES = 500_000
+BATCH10_SHARE = 0.4
 DEFAULT_BATCH1_MESSAGES = 20_000
-DEFAULT_PROCRASTINATE_MESSAGES = 10_000
+DEFAULT_PROCRASTINATE_MESSAGES = 15_000
 DEFAULT_CELERY_REDIS_MESSAGES = 20_000
+DEFAULT_SAMPLES = 5
+# Latency at a light load: messages a second, one a publish, for how long;
+# what is published in the first seconds (connections, caches) is left out.
+DEFAULT_LATENCY_SECONDS = 30.0
+DEFAULT_LATENCY_RATE = 20.0
+LATENCY_WARMUP_SECONDS = 2.0
+# PgQueuer logs finished jobs in flushes of batch_size jobs, or after 0.1 s:
+# at batch_size 1 a lone job is logged at once, its best latency.
+PGQUEUER_LATENCY_BATCH = 1
+# Lazaretto's latency queue has a queue's default batch size.
+LAZARETTO_LATENCY_BATCH = 10
+# Time the listeners take to LISTEN once released, before the first publish.
+LISTEN_SETTLE_SECONDS = 1.0
 
 PEERS_VENV = harness.ROOT / "var" / "peers-venv"
 REQUIREMENTS = harness.ROOT / "bench" / "peers-requirements.txt"
@@ -71,8 +105,10 @@ WAKE_TIMEOUT_SECONDS = 30.0
 PARTIAL_FETCHES_ALLOWED = 2 * WORKERS
 
 # WAL the cluster has written so far; a run's share is the difference around
-# its drain, so the preload and its checkpoint are not counted.
-WAL_SQL = "SELECT wal_bytes FROM pg_stat_wal"
+# its drain, so the preload and its checkpoint are not counted. The insert
+# position, not pg_stat_wal: backends add their WAL to that view up to a
+# second late, which a drain of a few seconds would miss.
+WAL_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
 # Every write the database has seen: the stall check's sign of progress.
 WRITES_SQL = "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
 # The table holding a system's messages, and its partitions, if unlogged.
@@ -83,120 +119,73 @@ WHERE relpersistence = 'u' AND relkind IN ('r', 'p')
        OR oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %(table)s::regclass))
 """
 
-
-@dataclass(frozen=True)
-class System:
-    name: str
-    label: str
-    # Has a batch setting, run at every --batches size; else one run, batch None.
-    batched: bool
-    # Runs from var/peers-venv.
-    peer: bool
-
-
-SYSTEMS = {
-    system.name: system
-    for system in (
-        System("lazaretto", "Lazaretto: Celery workers, consumer noop", batched=True, peer=False),
-        System("bare", "bare claim+ack loop (bench.deliver's)", batched=True, peer=False),
-        System("pgmq", "PGMQ: read B + delete", batched=True, peer=True),
-        System("pgqueuer", "PgQueuer: batch_size B", batched=True, peer=True),
-        System("procrastinate", "Procrastinate: one job per fetch", batched=False, peer=True),
-        System("celery-redis", "Celery with Redis alone: a task per message", False, False),
-    )
-}
-
-
-# Where each system keeps its messages.
+# Where each system keeps its messages, and what it keeps of delivered ones.
 MESSAGE_TABLES = {
-    "lazaretto": "broker_message",
-    "bare": "broker_message",
-    "pgmq": "pgmq.q_bench",
-    "pgqueuer": "pgqueuer",
-    "procrastinate": "procrastinate_jobs",
+    **dict.fromkeys(lazaretto.RETENTIONS, ("broker_message",)),
+    "bare": ("broker_message",),
+    "pgmq-archive": ("pgmq.q_bench", "pgmq.a_bench"),
+    "pgmq-delete": ("pgmq.q_bench",),
+    "pgqueuer": ("pgqueuer", "pgqueuer_log"),
+    "procrastinate": ("procrastinate_jobs",),
 }
-
-
-@dataclass(frozen=True)
-class Target:
-    """Lazaretto's msgs/s over the peer's, at ``batch`` (REFERENCE_BATCH for
-    Lazaretto when the peer has no batch setting), must be at least ``minimum``."""
-
-    peer: str
-    batch: int | None
-    minimum: float
-
-    @property
-    def key(self) -> str:
-        name = f"lazaretto_vs_{self.peer.replace('-', '_')}"
-        return name if self.batch is None else f"{name}_{self.batch}"
-
-
-TARGETS = (
-    Target("bare", 100, 0.6),
-    Target("bare", 10, 0.5),
-    Target("pgmq", 100, 1.2),
-    # PgQueuer is judged at both batch sizes the bare loop is.
-    Target("pgqueuer", 100, 2.0),
-    Target("pgqueuer", 10, 2.0),
-    Target("procrastinate", None, 20.0),
-    Target("celery-redis", None, 5.0),
-)
 
 
 @dataclass(frozen=True)
 class Options:
     messages: int
+    batch10_messages: int
+    batch1_messages: int
     batches: tuple[int, ...]
     systems: tuple[str, ...]
-    batch1_messages: int
+    samples: int
     procrastinate_messages: int
     celery_redis_messages: int
+    latency_seconds: float
+    latency_rate: float
+    pgbench_seconds: int
 
     def messages_for(self, system: str, batch: int | None) -> int:
         if system == "procrastinate":
             return self.procrastinate_messages
         if system == "celery-redis":
             return self.celery_redis_messages
-        return self.batch1_messages if batch == 1 else self.messages
+        if batch == 1:
+            return self.batch1_messages
+        return self.batch10_messages if batch and batch < 100 else self.messages
 
-    def plan(self) -> list[tuple[str, int | None, int]]:
-        """(system, batch, messages) of every run, in order."""
-        runs: list[tuple[str, int | None, int]] = []
+    def round(self, sample: int) -> list[tuple[str, int | None, int, int]]:
+        """(system, batch, messages, sample) of every run of one round."""
+        runs: list[tuple[str, int | None, int, int]] = []
         for name in self.systems:
             batches: Sequence[int | None] = self.batches if SYSTEMS[name].batched else (None,)
-            runs += [(name, batch, self.messages_for(name, batch)) for batch in batches]
+            runs += [(name, b, self.messages_for(name, b), sample) for b in batches]
         return runs
+
+    def plan(self) -> list[tuple[str, int | None, int, int]]:
+        """Every run, in order: a round of every system, --samples times."""
+        return [run for sample in range(1, self.samples + 1) for run in self.round(sample)]
 
     @property
     def needs_peer_venv(self) -> bool:
         return any(SYSTEMS[name].peer for name in self.systems)
 
     @property
+    def runs_lazaretto(self) -> bool:
+        """One of Lazaretto's modes runs: its Celery processes are needed."""
+        return bool(set(lazaretto.RETENTIONS) & set(self.systems))
+
+    @property
     def needs_django(self) -> bool:
-        return bool({"lazaretto", "bare"} & set(self.systems))
-
-
-@dataclass(frozen=True)
-class Result(harness.Rated):
-    system: str
-    batch: int | None
-    messages: int
-    seconds: float
-    # Sum of the peaks (VmHWM) of every process the system ran to consume.
-    peak_rss_kb: int
-    # What the database server did meanwhile; None: the system has none.
-    database: DatabaseWork | None = None
+        return self.runs_lazaretto or "bare" in self.systems
 
     @property
-    def wal_bytes_per_message(self) -> float | None:
-        return None if self.database is None else self.database.wal_bytes / self.messages
-
-    @property
-    def database_cpu_us_per_message(self) -> float | None:
-        if self.database is None or self.database.cpu_seconds is None:
-            return None
-        return self.database.cpu_seconds / self.messages * 1e6
+    def latency_of(self) -> tuple[str, ...]:
+        """Whose latency is measured: Lazaretto when one of its modes runs,
+        PgQueuer when it does."""
+        if not self.latency_seconds:
+            return ()
+        wanted = {"lazaretto": self.runs_lazaretto, "pgqueuer": "pgqueuer" in self.systems}
+        return tuple(name for name, runs in wanted.items() if runs)
 
 
 @dataclass(frozen=True)
@@ -233,34 +222,73 @@ def system_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def not_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``kind``'s values from 0 up (0: skip that part)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: Sequence[str] | None) -> Options:
-    slow = {
-        "batch1_messages": DEFAULT_BATCH1_MESSAGES,
-        "procrastinate_messages": DEFAULT_PROCRASTINATE_MESSAGES,
-        "celery_redis_messages": DEFAULT_CELERY_REDIS_MESSAGES,
-    }
+    count = harness.positive_int
     args = harness.parser(
         __doc__,
-        messages=harness.messages(100_000, "per run (default 100000)"),
-        batches=(harness.batch_list, (100, 10, 1), "default 100,10,1"),
-        systems=(system_list, tuple(SYSTEMS), f"comma list, default {','.join(SYSTEMS)}"),
-        batch1_messages=(
-            harness.positive_int,
-            None,
-            f"messages at batch 1 (default {DEFAULT_BATCH1_MESSAGES} or N if fewer)",
+        messages=harness.messages(
+            DEFAULT_MESSAGES, f"per run at batch 100 (default {DEFAULT_MESSAGES})"
         ),
+        batch10_messages=(
+            count,
+            None,
+            f"per run at batches under 100 (default {BATCH10_SHARE:g} N)",
+        ),
+        batch1_messages=(
+            count,
+            None,
+            f"per run at batch 1 (default {DEFAULT_BATCH1_MESSAGES} or N if fewer)",
+        ),
+        batches=(harness.batch_list, (100, 10), "default 100,10"),
+        systems=(system_list, tuple(SYSTEMS), f"comma list, default {','.join(SYSTEMS)}"),
+        samples=(count, DEFAULT_SAMPLES, f"rounds of every system (default {DEFAULT_SAMPLES})"),
         procrastinate_messages=(
-            harness.positive_int,
+            count,
             None,
             f"default {DEFAULT_PROCRASTINATE_MESSAGES} or N if fewer",
         ),
         celery_redis_messages=(
-            harness.positive_int,
+            count,
             None,
             f"default {DEFAULT_CELERY_REDIS_MESSAGES} or N if fewer",
         ),
+        latency_seconds=(
+            not_negative(float),
+            DEFAULT_LATENCY_SECONDS,
+            f"light-load latency run of each system (default {DEFAULT_LATENCY_SECONDS:g}; 0: none)",
+        ),
+        latency_rate=(
+            harness.positive_float,
+            DEFAULT_LATENCY_RATE,
+            f"messages a second in the latency run (default {DEFAULT_LATENCY_RATE:g})",
+        ),
+        pgbench_seconds=(
+            not_negative(int),
+            PGBENCH_SECONDS,
+            f"pgbench -N run (default {PGBENCH_SECONDS}; 0: none)",
+        ),
     ).parse_args(argv)
-    for name, default in slow.items():
+    args.batch10_messages = args.batch10_messages or max(1, round(args.messages * BATCH10_SHARE))
+    for name, default in (
+        ("batch1_messages", DEFAULT_BATCH1_MESSAGES),
+        ("procrastinate_messages", DEFAULT_PROCRASTINATE_MESSAGES),
+        ("celery_redis_messages", DEFAULT_CELERY_REDIS_MESSAGES),
+    ):
         setattr(args, name, getattr(args, name) or min(default, args.messages))
     return Options(**vars(args))
 
@@ -307,8 +335,9 @@ def libpq_env(url: str, database: str) -> dict[str, str]:
     return env
 
 
-def run_pgbench(bench_url: str) -> float:
-    """``pgbench -N`` TPS on its own scratch database, dropped afterwards."""
+def run_pgbench(bench_url: str, seconds: int) -> float:
+    """``pgbench -N`` TPS over ``seconds`` on its own scratch database,
+    dropped afterwards."""
     program = str(pgbench())
     database = f"{harness.BENCH_DB}_pgbench"
     _, maintenance_url = harness.database_urls(bench_url)
@@ -326,7 +355,7 @@ def run_pgbench(bench_url: str) -> float:
         if init.returncode:
             raise harness.BenchError(f"pgbench -i failed:\n{init.stderr[-2000:]}")
         command = [program, "-N", "-c", str(PGBENCH_CLIENTS)]
-        command += ["-j", str(PGBENCH_CLIENTS), "-T", str(PGBENCH_SECONDS)]
+        command += ["-j", str(PGBENCH_CLIENTS), "-T", str(seconds)]
         harness.log(f"pgbench: {' '.join(command[1:])}")
         run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         found = PGBENCH_TPS.search(run.stdout)
@@ -374,11 +403,11 @@ def make_template(ctx: Context) -> str:
     return template
 
 
-def settle(ctx: Context, what: str, relation: str) -> None:
+def settle(ctx: Context, what: str, relations: Sequence[str]) -> None:
     """After the preload, before the clock: VACUUM ANALYZE, then a CHECKPOINT
-    so that no run pays for flushing its own preload. Fails when ``relation``,
-    where the system keeps its messages, is unlogged: every system must write
-    them as durably as the others."""
+    so that no run pays for flushing its own preload. Fails when one of
+    ``relations``, where the system keeps its messages, is unlogged: every
+    system must write them as durably as the others."""
     harness.close_django()
     with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
         started = time.perf_counter()
@@ -387,7 +416,11 @@ def settle(ctx: Context, what: str, relation: str) -> None:
             conn.execute("CHECKPOINT")
         except psycopg.Error as error:
             harness.log(f"CHECKPOINT skipped: {error}")
-        unlogged = [row[0] for row in conn.execute(UNLOGGED_SQL, {"table": relation}).fetchall()]
+        unlogged = [
+            row[0]
+            for relation in relations
+            for row in conn.execute(UNLOGGED_SQL, {"table": relation}).fetchall()
+        ]
     if unlogged:
         raise harness.BenchError(f"{what}: {unlogged} unlogged: not the durability of the others")
     harness.log(f"{what}: VACUUM ANALYZE and CHECKPOINT in {harness.since(started):.1f}s")
@@ -438,17 +471,6 @@ def server_cpu_seconds(conn: psycopg.Connection[Any]) -> float | None:
         if (stat := proc_stat(child)) is not None:
             total += int(stat[11]) + int(stat[12])
     return total / ticks
-
-
-@dataclass
-class DatabaseWork:
-    """What the database server did while a system drained: the WAL the
-    cluster wrote and the CPU time of all its processes (backends,
-    checkpointer, WAL writer, autovacuum); None when it is not on this
-    machine."""
-
-    wal_bytes: int = 0
-    cpu_seconds: float | None = None
 
 
 @contextmanager
@@ -666,32 +688,39 @@ class Measured:
     database: DatabaseWork | None = None
 
 
-def run_lazaretto(ctx: Context, batch: int | None, count: int) -> Measured:
-    """bench.deliver's Celery path: the queue preloaded paused, the Celery
-    processes started, the queue unpaused, clocked from the first claim to
-    DLVD = N."""
+def run_lazaretto(ctx: Context, batch: int | None, count: int, *, system: str) -> Measured:
+    """bench.deliver's Celery path on a queue whose delivered_retention is
+    ``system``'s mode: the queue preloaded paused, the Celery processes
+    started, the queue unpaused, clocked from the first claim to its
+    delivered counter at N."""
     assert batch is not None
     assert ctx.deliver is not None
     assert ctx.redis is not None
+    retention = lazaretto.RETENTIONS[system]
+    where = f"{system} {batch}"
     fresh_database(ctx, template=ctx.template)
-    queue = _celery.make_queue(
-        f"BENCH.PEERS.LAZARETTO.{batch}", consumer="noop", batch_size=batch, size=SIZE, paused=True
+    queue = lazaretto.make_queue(
+        f"BENCH.PEERS.{retention.upper()}.{batch}",
+        batch=batch,
+        retention=retention,
+        size=SIZE,
+        paused=True,
     )
-    harness.log(f"lazaretto {batch}: publishing {count} messages to {queue.name}")
+    harness.log(f"{where}: publishing {count} messages to {queue.name}")
     _celery.publish_messages(queue, _celery.new_message(ctx.payload), count)
     _celery.flush_redis(ctx.redis)
-    settle(ctx, f"lazaretto {batch}", MESSAGE_TABLES["lazaretto"])
+    settle(ctx, where, MESSAGE_TABLES[system])
     with (
         tempfile.TemporaryDirectory(prefix="bench-peers-", dir=ctx.directory) as directory,
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
         _celery.celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
         with database_work(conn) as database:
-            seconds, _ = _celery.drain_paused_queue(conn, workers, queue, count)
+            seconds = lazaretto.drain_paused_queue(conn, workers, queue, count)
         peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
-    _celery.verify_delivered(queue, count, f"lazaretto {batch}")
+        lazaretto.verify_kept(conn, queue.id, count, retention)
     shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
-    harness.log(f"lazaretto {batch}: peak RSS MB of each process tree: {shown}")
+    harness.log(f"{where}: peak RSS MB of each process tree: {shown}")
     return Measured(seconds, sum(peaks.values()), database=database)
 
 
@@ -734,41 +763,74 @@ def prepare_peer(ctx: Context, module: str, count: int) -> None:
     harness.log(f"{module}: schema and {count} messages in {harness.since(started):.1f}s")
 
 
-# A peer's query for the messages it has left, and how many one fetch takes
-# (None: the batch size).
+@dataclass(frozen=True)
+class PeerRun:
+    """How a peer system runs: its module in var/peers-venv, the mode its
+    work command takes, and the counts it must end with."""
+
+    module: str
+    mode: str = ""
+    # The messages it has left: none afterwards.
+    remaining_sql: str = ""
+    # What it keeps of the messages it delivered: as many as it delivered.
+    kept_sql: str = ""
+    # How many one fetch takes (None: the batch size).
+    fetch_size: int | None = None
+
+
 PEER_RUNS = {
-    "pgmq": ("SELECT count(*) FROM pgmq.q_bench", None),
-    "pgqueuer": ("SELECT count(*) FROM pgqueuer", None),
+    "pgmq-archive": PeerRun(
+        "bench._peer_pgmq",
+        "archive",
+        "SELECT count(*) FROM pgmq.q_bench",
+        "SELECT count(*) FROM pgmq.a_bench",
+    ),
+    "pgmq-delete": PeerRun("bench._peer_pgmq", "delete", "SELECT count(*) FROM pgmq.q_bench"),
+    "pgqueuer": PeerRun(
+        "bench._peer_pgqueuer",
+        remaining_sql="SELECT count(*) FROM pgqueuer",
+        kept_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
+    ),
     # Procrastinate has one setting: each fetch_job takes one job.
-    "procrastinate": ("SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'", 1),
+    "procrastinate": PeerRun(
+        "bench._peer_procrastinate",
+        remaining_sql="SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+        kept_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+        fetch_size=1,
+    ),
 }
+
+
+def count_rows(ctx: Context, query: str) -> int | None:
+    if not query:
+        return None
+    with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row else None
 
 
 def run_peer(ctx: Context, batch: int | None, count: int, *, system: str) -> Measured:
     """A peer's run: fresh database, prepare, settle, its workers from
     var/peers-venv; fails unless none of its messages is left afterwards,
-    the workers acknowledged ``count`` messages and the batch setting took
-    effect."""
+    it kept what it keeps of each, the workers acknowledged ``count``
+    messages and the batch setting took effect."""
     assert ctx.peers_python is not None
-    remaining_sql, fetch_size = PEER_RUNS[system]
-    module = f"bench._peer_{system}"
+    peer = PEER_RUNS[system]
     where = system if batch is None else f"{system} {batch}"
     fresh_database(ctx)
-    prepare_peer(ctx, module, count)
+    prepare_peer(ctx, peer.module, count)
     settle(ctx, where, MESSAGE_TABLES[system])
-    command = [str(ctx.peers_python), "-m", module, "work", "--url", ctx.bench_url]
-    command += ["--batch", str(batch or 1)]
+    command = [str(ctx.peers_python), "-m", peer.module, "work", "--url", ctx.bench_url]
+    command += ["--batch", str(batch or 1), "--mode", peer.mode]
     drained = drain_with_workers(ctx, where.replace(" ", "-"), command)
-    with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
-        row = conn.execute(remaining_sql).fetchone()
-    remaining = row[0] if row else None
-    if drained.acked != count or remaining != 0:
+    remaining, kept = count_rows(ctx, peer.remaining_sql), count_rows(ctx, peer.kept_sql)
+    if drained.acked != count or remaining != 0 or kept not in (None, count):
         raise harness.BenchError(
             f"{where}: {drained.acked} of {count} messages acknowledged, "
-            f"{remaining} left in the queue"
+            f"{remaining} left in the queue, {kept} kept"
         )
-    harness.log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left")
-    check = check_batches(system, batch, fetch_size or batch or 1, count, drained.fetches)
+    harness.log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left, {kept} kept")
+    check = check_batches(system, batch, peer.fetch_size or batch or 1, count, drained.fetches)
     return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
 
 
@@ -874,107 +936,146 @@ def time_celery_drain(client: Any, count: int, worker: Worker) -> float:
 
 
 RUNNERS: dict[str, Callable[[Context, int | None, int], Measured]] = {
-    "lazaretto": run_lazaretto,
+    **{system: partial(run_lazaretto, system=system) for system in lazaretto.RETENTIONS},
     "bare": run_bare,
     **{system: partial(run_peer, system=system) for system in PEER_RUNS},
     "celery-redis": run_celery_redis,
 }
 
 
-# --- ratios and targets ----------------------------------------------------------------
+# --- latency at a light load ------------------------------------------------------------
 
 
-def find(results: Sequence[Result], system: str, batch: int | None) -> Result | None:
-    return next((r for r in results if (r.system, r.batch) == (system, batch)), None)
+def lazaretto_latency(ctx: Context) -> list[tuple[float, float]]:
+    """Messages published one a call to the publish service at the rate
+    asked, to a queue (mode full, the default batch size) that the Celery
+    processes deliver as they come: each one's seconds from its publish to
+    its acknowledgement, as the acknowledgement measures it."""
+    assert ctx.deliver is not None
+    assert ctx.redis is not None
+    options = ctx.options
+    fresh_database(ctx, template=ctx.template)
+    queue = lazaretto.make_queue(
+        "BENCH.PEERS.LATENCY",
+        batch=LAZARETTO_LATENCY_BATCH,
+        retention="full",
+        size=SIZE,
+        paused=False,
+    )
+    _celery.flush_redis(ctx.redis)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-peers-", dir=ctx.directory) as directory,
+        psycopg.connect(ctx.bench_url, autocommit=True) as conn,
+        _celery.celery_processes(ctx.deliver, Path(directory)) as workers,
+    ):
+        harness.log(
+            f"lazaretto latency: {options.latency_rate:g}/s for {options.latency_seconds:g}s"
+        )
+        count = lazaretto.publish_paced(
+            queue.name, ctx.payload, options.latency_rate, options.latency_seconds
+        )
+        return lazaretto.latencies(conn, queue, workers, count)
 
 
-def ratio_to_lazaretto(result: Result, results: Sequence[Result]) -> float | None:
-    """The result's msgs/s over Lazaretto's at the same batch (at
-    REFERENCE_BATCH for a system without a batch setting)."""
-    batch = REFERENCE_BATCH if result.batch is None else result.batch
-    lazaretto = find(results, "lazaretto", batch)
-    return None if lazaretto is None else result.rate / lazaretto.rate
+def pgqueuer_latency(ctx: Context) -> list[tuple[float, float]]:
+    """Jobs enqueued one at a time with PgQueuer's enqueue at the rate asked,
+    consumed by WORKERS listening processes (batch_size
+    PGQUEUER_LATENCY_BATCH): each job's seconds from its enqueue to its log
+    row, on the database's clock."""
+    assert ctx.peers_python is not None
+    options = ctx.options
+    module = "bench._peer_pgqueuer"
+    fresh_database(ctx)
+    prepare_peer(ctx, module, 0)
+    python = [str(ctx.peers_python), "-m", module]
+    listen = [*python, "listen", "--url", ctx.bench_url, "--batch", str(PGQUEUER_LATENCY_BATCH)]
+    publish = [*python, "publish", "--url", ctx.bench_url, "--size", str(SIZE)]
+    publish += ["--rate", str(options.latency_rate), "--seconds", str(options.latency_seconds)]
+    with worker_processes(ctx, "pgqueuer-listen", listen) as workers:
+        wait_ready("pgqueuer listen", workers)
+        release(workers)
+        time.sleep(LISTEN_SETTLE_SECONDS)
+        harness.log(
+            f"pgqueuer latency: {options.latency_rate:g}/s for {options.latency_seconds:g}s"
+        )
+        answer = subprocess.run(
+            publish, cwd=harness.ROOT, capture_output=True, text=True, check=False
+        )
+        dead = [worker for worker in workers if worker.process.poll() is not None]
+        if answer.returncode or dead:
+            raise harness.BenchError(
+                f"pgqueuer latency: the publisher exited with {answer.returncode}, "
+                f"{len(dead)} listeners exited\n{answer.stderr[-2000:]}\n"
+                + "\n".join(worker.tail() for worker in workers)
+            )
+    lines = [line for line in answer.stdout.splitlines() if line.startswith(REPORT)]
+    if not lines:
+        raise harness.BenchError(f"pgqueuer latency: no report\n{answer.stderr[-2000:]}")
+    report = json.loads(lines[-1][len(REPORT) :])
+    return [(float(at), float(seconds)) for at, seconds in report["latencies"]]
 
 
-def target_ratio(target: Target, results: Sequence[Result]) -> float | None:
-    """Lazaretto's msgs/s over the peer's; None unless both ran."""
-    peer = find(results, target.peer, target.batch)
-    lazaretto = find(results, "lazaretto", target.batch or REFERENCE_BATCH)
-    if peer is None or lazaretto is None:
-        return None
-    return lazaretto.rate / peer.rate
+LATENCY_RUNNERS: dict[str, Callable[[Context], list[tuple[float, float]]]] = {
+    "lazaretto": lazaretto_latency,
+    "pgqueuer": pgqueuer_latency,
+}
 
 
-def verdict(ratio: float | None, minimum: float) -> str:
-    if ratio is None:
-        return "n/a"
-    return "PASS" if ratio >= minimum else "MISS"
-
-
-def targets_summary(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
-    summary = {}
-    for target in TARGETS:
-        ratio = target_ratio(target, results)
-        summary[target.key] = {
-            "peer": target.peer,
-            "batch": target.batch,
-            "lazaretto_batch": target.batch or REFERENCE_BATCH,
-            "minimum": target.minimum,
-            "ratio": None if ratio is None else round(ratio, 3),
-            "verdict": verdict(ratio, target.minimum),
-        }
-    return summary
+def run_latency(ctx: Context) -> dict[str, dict[str, Any]]:
+    """p50, p99 and the worst publish-to-ack time of each system measured."""
+    latency = {}
+    for name in ctx.options.latency_of:
+        harness.log(f"== {name} latency")
+        figures = latency_figures(LATENCY_RUNNERS[name](ctx), LATENCY_WARMUP_SECONDS)
+        harness.log(f"{name} latency: {figures}")
+        latency[name] = figures
+    return latency
 
 
 # --- driver and report --------------------------------------------------------------------
 
 
-def result_row(result: Result, results: Sequence[Result]) -> dict[str, Any]:
-    ratio = ratio_to_lazaretto(result, results)
-    wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
-    return {
-        "system": result.system,
-        "batch": result.batch,
-        "messages": result.messages,
-        "seconds": round(result.seconds, 3),
-        "msgs_per_s": round(result.rate, 1),
-        "ratio_to_lazaretto": None if ratio is None else round(ratio, 3),
-        "peak_rss_mb": round(result.peak_rss_kb / 1024, 1),
-        "wal_bytes_per_msg": None if wal is None else round(wal),
-        "database_cpu_us_per_msg": None if cpu is None else round(cpu, 1),
-    }
+@dataclass(frozen=True)
+class Run:
+    """What a whole run measured."""
+
+    tps: float | None
+    results: list[Result]
+    checks: list[BatchCheck]
+    latency: dict[str, dict[str, Any]]
 
 
-def summary_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """The JSON's "results": one row per run, with its ratio to Lazaretto."""
-    return [result_row(result, results) for result in results]
-
-
-def summary(
-    options: Options,
-    tps: float,
-    results: Sequence[Result],
-    checks: Sequence[BatchCheck],
-    seconds: float,
-) -> dict[str, Any]:
+def summary(options: Options, run: Run, seconds: float) -> dict[str, Any]:
     return {
         "bench": "peers",
         "messages": options.messages,
+        "batch10_messages": options.batch10_messages,
+        "batch1_messages": options.batch1_messages,
         "batches": list(options.batches),
         "systems": list(options.systems),
-        "batch1_messages": options.batch1_messages,
+        "samples": options.samples,
         "procrastinate_messages": options.procrastinate_messages,
         "celery_redis_messages": options.celery_redis_messages,
         "payload_bytes": SIZE,
         "workers": WORKERS,
-        "pgbench_tps": round(tps, 1),
+        "pgbench_tps": None if run.tps is None else round(run.tps, 1),
         "pgbench": {
             "mode": "-N",
             "scale": PGBENCH_SCALE,
             "clients": PGBENCH_CLIENTS,
-            "seconds": PGBENCH_SECONDS,
+            "seconds": options.pgbench_seconds,
         },
-        "results": summary_rows(results),
+        "results": summary_rows(run.results),
+        "targets": targets_summary(sampled(run.results)),
+        "latency": run.latency,
+        "latency_setup": {
+            "rate_per_s": options.latency_rate,
+            "seconds": options.latency_seconds,
+            "warmup_seconds": LATENCY_WARMUP_SECONDS,
+            "lazaretto_queue_batch": LAZARETTO_LATENCY_BATCH,
+            "pgqueuer_batch_size": PGQUEUER_LATENCY_BATCH,
+        },
+        "latency_targets": latency_targets(run.latency) if run.latency else {},
         "batch_checks": [
             {
                 "system": check.system,
@@ -982,78 +1083,35 @@ def summary(
                 "expected_size": check.expected_size,
                 "fetches_by_size": {str(size): count for size, count in check.fetches.items()},
             }
-            for check in checks
+            for check in run.checks
         ],
-        "targets": targets_summary(results),
         "clock": (
-            "lazaretto: first claim (TBDL counter drops) to DLVD = N; celery-redis: first "
-            "drop of the Redis queue to queue and unacked both empty; the others: first fetch "
-            "of any worker to the last acknowledgement of any, on the workers' clocks"
+            "lazaretto: first claim (TBDL counter drops) to the delivered counter at N; "
+            "celery-redis: first drop of the Redis queue to queue and unacked both empty; the "
+            "others: first fetch of any worker to the last acknowledgement of any, on the "
+            "workers' clocks; latency: publish transaction's now() to the ack statement's now()"
         ),
         "total_s": round(seconds, 1),
     }
 
 
-def print_table(options: Options, tps: float, results: Sequence[Result]) -> None:
+def print_report(options: Options, run: Run) -> None:
     print(
         f"peers bench: {SIZE}-byte messages, a no-op consumer, {WORKERS} worker processes per "
-        "system, one system at a time, a fresh database per run (VACUUM ANALYZE after the preload)"
+        "system, one system at a time, a fresh database per run (VACUUM ANALYZE after the "
+        f"preload), {options.samples} rounds of every system; medians, min-max of the samples"
     )
-    print(
-        f"pgbench -N: {tps:,.0f} tps (scale {PGBENCH_SCALE}, {PGBENCH_CLIENTS} clients, "
-        f"{PGBENCH_SECONDS} s); 'x tps' is msgs/s over it"
-    )
-    for name in options.systems:
-        print(f"  {name:<14} {SYSTEMS[name].label}")
-    batched = any(SYSTEMS[name].batched for name in options.systems) and 1 in options.batches
-    notes = [
-        f"{what} drains {count} (--{what.replace(' ', '')}-messages)"
-        for what, count, applies in (
-            ("batch 1", options.batch1_messages, batched),
-            ("procrastinate", options.procrastinate_messages, "procrastinate" in options.systems),
-            ("celery-redis", options.celery_redis_messages, "celery-redis" in options.systems),
-        )
-        if applies and count != options.messages
-    ]
-    if notes:
-        print(f"messages: {options.messages} per run, but " + "; ".join(notes))
-    print()
-    header = ["system", "batch", "messages", "seconds", "msgs/s", "x tps", "vs lazaretto"]
-    header += ["peak RSS MB", "WAL B/msg", "DB CPU us/msg"]
-    harness.table(header, [result_cells(result, results, tps) for result in results])
-
-
-def result_cells(result: Result, results: Sequence[Result], tps: float) -> list[str]:
-    ratio = ratio_to_lazaretto(result, results)
-    versus = "-" if ratio is None else f"{ratio:.2f}"
-    if ratio is not None and result.batch is None:
-        versus += f" (@{REFERENCE_BATCH})"
-    wal, cpu = result.wal_bytes_per_message, result.database_cpu_us_per_message
-    return [
-        result.system,
-        "-" if result.batch is None else str(result.batch),
-        str(result.messages),
-        f"{result.seconds:.2f}",
-        f"{result.rate:.0f}",
-        f"{result.rate / tps:.2f}",
-        versus,
-        f"{result.peak_rss_kb / 1024:.1f}",
-        "-" if wal is None else f"{wal:.0f}",
-        "-" if cpu is None else f"{cpu:.1f}",
-    ]
-
-
-def print_targets(results: Sequence[Result]) -> None:
-    print()
-    print("targets: Lazaretto's msgs/s over the peer's")
-    for target in TARGETS:
-        ratio = target_ratio(target, results)
-        where = f"batch {target.batch}" if target.batch else f"Lazaretto batch {REFERENCE_BATCH}"
-        shown = "-" if ratio is None else f"{ratio:.2f}"
+    if run.tps is not None:
         print(
-            f"  lazaretto / {target.peer:<14} {where:<22} {shown:>7}  "
-            f">= {target.minimum:g} {verdict(ratio, target.minimum)}"
+            f"pgbench -N: {run.tps:,.0f} tps (scale {PGBENCH_SCALE}, {PGBENCH_CLIENTS} clients, "
+            f"{options.pgbench_seconds} s); 'x tps' is msgs/s over it"
         )
+    for name in options.systems:
+        print(f"  {name:<17} {SYSTEMS[name].label}")
+    print()
+    print_results(run.results, run.tps)
+    print_targets(run.results)
+    print_latency(run.latency, options.latency_rate)
 
 
 @contextmanager
@@ -1061,14 +1119,22 @@ def shared_redis(ctx: Context, directory: Path) -> Iterator[RedisServer | None]:
     """One private redis-server for Lazaretto's wake-ups and Celery alone;
     this process's Celery app sends to it (bench._celery's private_redis) when
     Django is set up."""
-    if not {"lazaretto", "celery-redis"} & set(ctx.options.systems):
+    if not ctx.options.runs_lazaretto and "celery-redis" not in ctx.options.systems:
         yield None
         return
     with _celery.private_redis(directory, wake_ups=ctx.options.needs_django) as server:
         yield server
 
 
-def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
+def measure_one(ctx: Context, system: str, batch: int | None, count: int, sample: int) -> Measured:
+    where = system if batch is None else f"{system} batch {batch}"
+    harness.log(f"== {where}: {count} messages (sample {sample} of {ctx.options.samples})")
+    measured = RUNNERS[system](ctx, batch, count)
+    harness.log(f"{where}: {count / measured.seconds:.0f} msgs/s")
+    return measured
+
+
+def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck], dict[str, dict[str, Any]]]:
     results: list[Result] = []
     checks: list[BatchCheck] = []
     with ExitStack() as stack:
@@ -1076,23 +1142,27 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck]]:
             ctx.template = make_template(ctx)
             stack.callback(harness.drop_database, ctx.maintenance_url, ctx.template)
         ctx.redis = stack.enter_context(shared_redis(ctx, ctx.directory / "redis"))
-        if ctx.redis is not None and "lazaretto" in ctx.options.systems:
+        if ctx.redis is not None and ctx.options.runs_lazaretto:
             ctx.deliver = _celery.Bench(
                 ctx.bench_url, ctx.redis, ctx.payload, concurrency=WORKERS, size=SIZE
             )
-        for system, batch, count in ctx.options.plan():
-            where = system if batch is None else f"{system} batch {batch}"
-            harness.log(f"== {where}: {count} messages")
-            measured = RUNNERS[system](ctx, batch, count)
+        for system, batch, count, sample in ctx.options.plan():
+            measured = measure_one(ctx, system, batch, count, sample)
             results.append(
                 Result(
-                    system, batch, count, measured.seconds, measured.peak_rss_kb, measured.database
+                    system,
+                    batch,
+                    count,
+                    measured.seconds,
+                    measured.peak_rss_kb,
+                    measured.database,
+                    sample,
                 )
             )
             if measured.check is not None:
                 checks.append(measured.check)
-            harness.log(f"{where}: {count / measured.seconds:.0f} msgs/s")
-    return results, checks
+        latency = run_latency(ctx)
+    return results, checks, latency
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1111,8 +1181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def measure(bench_url: str) -> None:
         _, maintenance_url = harness.database_urls(bench_url)
-        tps = run_pgbench(bench_url)
-        print(f"pgbench -N: {tps:,.0f} tps", flush=True)
+        tps = run_pgbench(bench_url, options.pgbench_seconds) if options.pgbench_seconds else None
+        if tps is not None:
+            print(f"pgbench -N: {tps:,.0f} tps", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-peers-") as directory:
             (Path(directory) / "redis").mkdir()
             ctx = Context(
@@ -1123,12 +1194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 payload=harness.make_payload(SIZE),
                 peers_python=python,
             )
-            results, checks = run_all(ctx)
-        print_table(options, tps, results)
-        print_targets(results)
+            run = Run(tps, *run_all(ctx))
+        print_report(options, run)
         seconds = harness.since(started)
         print(f"total {seconds:.0f} s")
-        figures = summary(options, tps, results, checks, seconds)
+        figures = summary(options, run, seconds)
         path = harness.keep_run("peers", figures, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
         harness.log(f"figures written to {path.relative_to(harness.ROOT)}")
         harness.print_figures(figures)

@@ -1,16 +1,22 @@
-"""bench/peers.py without worker processes or a peer venv: its arguments,
-its plan, the batch check, the ratios and targets it draws from hand-made
-results, and its reading of the database server's CPU time."""
+"""bench/peers.py: its arguments and plan, the batch check, the medians,
+spreads, pairs and targets it draws from hand-made results, the latency
+figures, its reading of the database server's CPU time, and one tiny real
+run whose JSON line has the pairs and figures the report promises."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import psycopg
 import pytest
 
+from bench import _peer_report as report
 from bench import peers
-from bench._harness import BenchError
+from bench._harness import ROOT, BenchError
 from bench.peers import DatabaseWork, Result
 from rig.processes import database_url_for_workers
 from tests.support.arguments import usage_error
@@ -22,6 +28,7 @@ def result(
     msgs_per_s: float,
     messages: int = 1000,
     database: DatabaseWork | None = None,
+    sample: int = 1,
 ) -> Result:
     return Result(
         system=system,
@@ -30,6 +37,7 @@ def result(
         seconds=messages / msgs_per_s,
         peak_rss_kb=1024,
         database=database,
+        sample=sample,
     )
 
 
@@ -40,8 +48,8 @@ def result(
     ("argv", "said"),
     [
         pytest.param(
-            ["--systems", "lazaretto,kafka"],
-            "--systems: unknown system 'kafka' (choose from lazaretto, bare, pgmq",
+            ["--systems", "lazaretto-full,kafka"],
+            "--systems: unknown system 'kafka' (choose from lazaretto-full, lazaretto-headers",
             id="an unknown system",
         ),
         pytest.param(
@@ -58,6 +66,15 @@ def result(
             "--procrastinate-messages: must be at least 1, not 0",
             id="zero messages for a slow peer",
         ),
+        pytest.param(["--samples", "0"], "--samples: must be at least 1, not 0", id="no sample"),
+        pytest.param(
+            ["--latency-seconds", "-1"],
+            "--latency-seconds: must be 0 or more, not -1",
+            id="a negative latency run",
+        ),
+        pytest.param(
+            ["--latency-rate", "0"], "--latency-rate: must be more than 0, not 0", id="rate zero"
+        ),
     ],
 )
 def test_it_rejects_a_bad_argument_naming_its_option(
@@ -66,14 +83,25 @@ def test_it_rejects_a_bad_argument_naming_its_option(
     assert said in usage_error(peers.parse_args, capsys, *argv)
 
 
-def test_slow_systems_drain_fewer_messages_by_default() -> None:
+def test_defaults_drain_for_at_least_15_seconds_five_times() -> None:
     options = peers.parse_args([])
-    assert options.messages == 100_000
-    assert options.batches == (100, 10, 1)
+    assert options.messages == 500_000
+    assert options.batch10_messages == 200_000
+    assert options.batches == (100, 10)
+    assert options.samples == 5
     assert options.systems == tuple(peers.SYSTEMS)
     assert options.batch1_messages == peers.DEFAULT_BATCH1_MESSAGES
     assert options.procrastinate_messages == peers.DEFAULT_PROCRASTINATE_MESSAGES
     assert options.celery_redis_messages == peers.DEFAULT_CELERY_REDIS_MESSAGES
+    assert (options.latency_seconds, options.latency_rate) == (30.0, 20.0)
+    assert options.latency_of == ("lazaretto", "pgqueuer")
+
+
+def test_smaller_batches_drain_a_proportionate_share() -> None:
+    options = peers.parse_args(["--messages", "20000"])
+    assert options.messages_for("pgmq-delete", 100) == 20_000
+    assert options.messages_for("pgmq-delete", 10) == 8_000
+    assert options.messages_for("lazaretto-none", 10) == 8_000
 
 
 def test_the_slow_defaults_never_exceed_messages() -> None:
@@ -83,34 +111,52 @@ def test_the_slow_defaults_never_exceed_messages() -> None:
     assert options.celery_redis_messages == 500
 
 
-def test_the_plan_runs_batched_systems_at_every_batch_and_the_others_once() -> None:
+def test_the_plan_runs_every_system_once_a_round() -> None:
     options = peers.parse_args(
         [
-            *("--messages", "5000", "--batches", "100,1", "--systems", "pgmq,procrastinate,bare"),
+            *("--messages", "5000", "--batches", "100,1", "--samples", "2"),
+            *("--systems", "pgmq-archive,procrastinate,bare"),
             *("--batch1-messages", "300", "--procrastinate-messages", "200"),
         ]
     )
-    assert options.plan() == [
-        ("pgmq", 100, 5000),
-        ("pgmq", 1, 300),
+    one_round = [
+        ("pgmq-archive", 100, 5000),
+        ("pgmq-archive", 1, 300),
         ("procrastinate", None, 200),
         ("bare", 100, 5000),
         ("bare", 1, 300),
     ]
+    assert options.plan() == [(*run, 1) for run in one_round] + [(*run, 2) for run in one_round]
     assert options.needs_peer_venv
     assert options.needs_django
 
 
 def test_lazaretto_and_the_bare_loop_need_no_peer_venv() -> None:
-    options = peers.parse_args(["--systems", "lazaretto,bare,celery-redis"])
+    options = peers.parse_args(["--systems", "lazaretto-full,bare,celery-redis"])
     assert not options.needs_peer_venv
+    assert options.latency_of == ("lazaretto",)
+
+
+def test_no_latency_run_at_zero_seconds() -> None:
+    assert peers.parse_args(["--latency-seconds", "0"]).latency_of == ()
+
+
+def test_each_lazaretto_system_is_a_retention_mode() -> None:
+    assert peers.lazaretto.RETENTIONS == {
+        "lazaretto-full": "full",
+        "lazaretto-headers": "headers",
+        "lazaretto-none": "none",
+    }
+    assert peers.lazaretto.expected_kept("full", 10) == (10, 0, 10)
+    assert peers.lazaretto.expected_kept("headers", 10) == (10, 10, 10)
+    assert peers.lazaretto.expected_kept("none", 10) == (0, 0, 0)
 
 
 # --- the batch check -------------------------------------------------------------------
 
 
 def test_the_batch_check_allows_a_few_short_fetches_as_the_queue_runs_low() -> None:
-    check = peers.check_batches("pgmq", 100, 100, 1000, Counter({100: 9, 76: 1, 24: 1}))
+    check = peers.check_batches("pgmq-delete", 100, 100, 1000, Counter({100: 9, 76: 1, 24: 1}))
     assert check.largest == 100
     assert check.partial == 2
 
@@ -123,7 +169,7 @@ def test_the_batch_check_fails_when_the_batch_setting_is_ignored() -> None:
 def test_the_batch_check_fails_on_many_short_fetches() -> None:
     fetches = Counter({100: 5, 50: 10})
     with pytest.raises(BenchError, match="did not take effect"):
-        peers.check_batches("pgmq", 100, 100, 1000, fetches)
+        peers.check_batches("pgmq-archive", 100, 100, 1000, fetches)
 
 
 def test_the_batch_check_fails_when_messages_are_missing() -> None:
@@ -137,20 +183,24 @@ def test_the_batch_check_takes_one_job_per_fetch_for_procrastinate() -> None:
 
 
 def test_a_batch_larger_than_the_run_expects_one_fetch() -> None:
-    check = peers.check_batches("pgmq", 100, 100, 40, Counter({40: 1}))
+    check = peers.check_batches("pgmq-delete", 100, 100, 40, Counter({40: 1}))
     assert check.expected_size == 40
     assert check.partial == 0
 
 
-# --- ratios and targets ----------------------------------------------------------------
+# --- medians, pairs and targets ----------------------------------------------------------
 
 # msgs/s by (system, batch)
 RATES = {
-    ("lazaretto", 100): 6000.0,
-    ("lazaretto", 10): 1000.0,
+    ("lazaretto-full", 100): 6000.0,
+    ("lazaretto-full", 10): 1000.0,
+    ("lazaretto-none", 100): 9000.0,
+    ("lazaretto-headers", 100): 7000.0,
+    ("lazaretto-headers", 10): 1000.0,
     ("bare", 100): 8000.0,
     ("bare", 10): 2500.0,
-    ("pgmq", 100): 4000.0,
+    ("pgmq-archive", 100): 4000.0,
+    ("pgmq-delete", 100): 10000.0,
     ("pgqueuer", 100): 3500.0,
     ("pgqueuer", 10): 400.0,
     ("procrastinate", None): 200.0,
@@ -159,28 +209,45 @@ RATES = {
 RESULTS = [result(system, batch, rate) for (system, batch), rate in RATES.items()]
 
 
-def test_each_system_is_compared_with_lazaretto_at_the_same_batch() -> None:
-    rows = {(row["system"], row["batch"]): row for row in peers.summary_rows(RESULTS)}
-    assert rows[("lazaretto", 100)]["ratio_to_lazaretto"] == 1.0
-    assert rows[("bare", 10)]["ratio_to_lazaretto"] == 2.5
-    assert rows[("pgmq", 100)]["ratio_to_lazaretto"] == pytest.approx(0.667, abs=0.001)
+def rows(results: list[Result]) -> dict[tuple[str, int | None], dict[str, object]]:
+    return {(row["system"], row["batch"]): row for row in peers.summary_rows(results)}
 
 
-def test_single_setting_peers_are_compared_with_lazaretto_batch_100() -> None:
-    rows = {(row["system"], row["batch"]): row for row in peers.summary_rows(RESULTS)}
-    assert rows[("procrastinate", None)]["ratio_to_lazaretto"] == pytest.approx(0.033, abs=0.001)
-    assert rows[("celery-redis", None)]["ratio_to_lazaretto"] == 0.25
+def test_each_peer_is_compared_with_the_lazaretto_mode_that_keeps_as_much() -> None:
+    found = rows(RESULTS)
+    assert found[("pgmq-archive", 100)]["versus"] == "lazaretto-full"
+    assert found[("pgmq-archive", 100)]["ratio_to_lazaretto"] == pytest.approx(0.667, abs=0.001)
+    assert found[("pgmq-delete", 100)]["versus"] == "lazaretto-none"
+    assert found[("pgmq-delete", 100)]["ratio_to_lazaretto"] == pytest.approx(1.111, abs=0.001)
+    assert found[("pgqueuer", 10)]["versus"] == "lazaretto-headers"
+    assert found[("pgqueuer", 10)]["ratio_to_lazaretto"] == 0.4
+    assert found[("bare", 10)]["ratio_to_lazaretto"] == 2.5
 
 
-def test_a_result_row_has_the_figures_the_charts_read() -> None:
+def test_single_setting_peers_are_compared_with_lazaretto_full_at_batch_100() -> None:
+    found = rows(RESULTS)
+    assert found[("procrastinate", None)]["ratio_to_lazaretto"] == pytest.approx(0.033, abs=0.001)
+    assert found[("celery-redis", None)]["ratio_to_lazaretto"] == 0.25
+
+
+def test_a_result_row_has_the_median_the_spread_and_the_samples() -> None:
     database = DatabaseWork(wal_bytes=4_000_000, cpu_seconds=0.1)
-    (row,) = peers.summary_rows([result("pgmq", 10, 1234.5, messages=2469, database=database)])
+    samples = [
+        result("pgmq-delete", 10, rate, messages=2469, database=database, sample=n)
+        for n, rate in enumerate((1234.5, 1000.0, 1500.0), start=1)
+    ]
+    (row,) = peers.summary_rows(samples)
     assert row == {
-        "system": "pgmq",
+        "system": "pgmq-delete",
         "batch": 10,
         "messages": 2469,
+        "samples": 3,
         "seconds": 2.0,
         "msgs_per_s": 1234.5,
+        "msgs_per_s_min": 1000.0,
+        "msgs_per_s_max": 1500.0,
+        "msgs_per_s_samples": [1234.5, 1000.0, 1500.0],
+        "versus": "lazaretto-none",
         "ratio_to_lazaretto": None,
         "peak_rss_mb": 1.0,
         "wal_bytes_per_msg": 1620,
@@ -195,7 +262,7 @@ def test_a_system_without_a_database_has_no_database_figures() -> None:
 
 def test_a_server_on_another_machine_has_no_cpu_figure() -> None:
     database = DatabaseWork(wal_bytes=1_000_000, cpu_seconds=None)
-    (row,) = peers.summary_rows([result("pgmq", 100, 1000.0, database=database)])
+    (row,) = peers.summary_rows([result("pgmq-delete", 100, 1000.0, database=database)])
     assert (row["wal_bytes_per_msg"], row["database_cpu_us_per_msg"]) == (1000, None)
 
 
@@ -211,42 +278,129 @@ def test_the_servers_cpu_time_counts_what_a_backend_burns() -> None:
     assert after - before >= 0.1
 
 
-def test_targets_are_lazaretto_over_the_peer() -> None:
-    targets = peers.targets_summary(RESULTS)
-    assert targets["lazaretto_vs_bare_100"] == {
-        "peer": "bare",
-        "batch": 100,
-        "lazaretto_batch": 100,
-        "minimum": 0.6,
-        "ratio": 0.75,
-        "verdict": "PASS",
+def test_the_pairs_are_the_issue_s() -> None:
+    pairs = {(t.lazaretto, t.peer, t.batch): t.minimum for t in peers.TARGETS}
+    assert pairs == {
+        ("lazaretto-full", "bare", 100): 0.6,
+        ("lazaretto-full", "bare", 10): 0.5,
+        ("lazaretto-full", "pgmq-archive", 100): 1.2,
+        ("lazaretto-full", "pgmq-archive", 10): 1.2,
+        ("lazaretto-none", "pgmq-delete", 100): 1.2,
+        ("lazaretto-none", "pgmq-delete", 10): 1.2,
+        ("lazaretto-headers", "pgqueuer", 100): 2.0,
+        ("lazaretto-headers", "pgqueuer", 10): 2.0,
+        ("lazaretto-full", "procrastinate", None): 20.0,
+        ("lazaretto-full", "celery-redis", None): 5.0,
     }
-    assert targets["lazaretto_vs_bare_10"]["ratio"] == 0.4
-    assert targets["lazaretto_vs_bare_10"]["verdict"] == "MISS"
-    assert targets["lazaretto_vs_pgmq_100"]["verdict"] == "PASS"
-    assert targets["lazaretto_vs_pgqueuer_100"]["ratio"] == pytest.approx(1.714, abs=0.001)
-    assert targets["lazaretto_vs_pgqueuer_100"]["verdict"] == "MISS"
-    assert targets["lazaretto_vs_pgqueuer_10"]["ratio"] == 2.5
-    assert targets["lazaretto_vs_pgqueuer_10"]["verdict"] == "PASS"
-    assert targets["lazaretto_vs_procrastinate"]["ratio"] == 30.0
-    assert targets["lazaretto_vs_procrastinate"]["verdict"] == "PASS"
-    assert targets["lazaretto_vs_celery_redis"]["ratio"] == 4.0
-    assert targets["lazaretto_vs_celery_redis"]["verdict"] == "MISS"
+
+
+def test_targets_are_lazaretto_over_the_peer_with_both_sides() -> None:
+    targets = report.targets_summary(report.sampled(RESULTS))
+    assert targets["lazaretto_full_vs_pgmq_archive_100"]["ratio"] == 1.5
+    assert targets["lazaretto_full_vs_pgmq_archive_100"]["verdict"] == "PASS"
+    assert targets["lazaretto_none_vs_pgmq_delete_100"]["ratio"] == 0.9
+    assert targets["lazaretto_none_vs_pgmq_delete_100"]["verdict"] == "MISS"
+    assert targets["lazaretto_headers_vs_pgqueuer_100"]["ratio"] == 2.0
+    assert targets["lazaretto_headers_vs_pgqueuer_100"]["verdict"] == "PASS"
+    assert targets["lazaretto_headers_vs_pgqueuer_10"]["ratio"] == 2.5
+    assert targets["lazaretto_full_vs_bare_10"]["verdict"] == "MISS"
+    assert targets["lazaretto_full_vs_procrastinate"]["ratio"] == 30.0
+    assert targets["lazaretto_full_vs_procrastinate"]["lazaretto_batch"] == 100
+    assert targets["lazaretto_full_vs_celery_redis"]["verdict"] == "MISS"
+    pgqueuer = targets["lazaretto_headers_vs_pgqueuer_100"]
+    assert pgqueuer["lazaretto_figures"]["system"] == "lazaretto-headers"
+    assert pgqueuer["peer_figures"]["msgs_per_s"] == 3500.0
+
+
+def test_a_pairs_spread_comes_from_the_ratios_of_each_round() -> None:
+    results = [
+        result("lazaretto-none", 100, 12000.0, sample=1),
+        result("pgmq-delete", 100, 10000.0, sample=1),
+        result("lazaretto-none", 100, 9000.0, sample=2),
+        result("pgmq-delete", 100, 10000.0, sample=2),
+        result("lazaretto-none", 100, 11000.0, sample=3),
+        result("pgmq-delete", 100, 5000.0, sample=3),
+    ]
+    target = report.targets_summary(report.sampled(results))["lazaretto_none_vs_pgmq_delete_100"]
+    assert (target["ratio"], target["ratio_min"], target["ratio_max"]) == (1.1, 0.9, 2.2)
+    assert target["lazaretto_figures"]["msgs_per_s_min"] == 9000.0
+    assert target["verdict"] == "MISS"
 
 
 def test_a_target_is_not_judged_without_both_runs() -> None:
-    targets = peers.targets_summary([result("lazaretto", 100, 6000.0)])
-    assert targets["lazaretto_vs_pgmq_100"]["ratio"] is None
-    assert targets["lazaretto_vs_pgmq_100"]["verdict"] == "n/a"
-    targets = peers.targets_summary([result("pgmq", 100, 6000.0)])
-    assert targets["lazaretto_vs_pgmq_100"]["verdict"] == "n/a"
+    targets = report.targets_summary(report.sampled([result("lazaretto-full", 100, 6000.0)]))
+    assert targets["lazaretto_full_vs_pgmq_archive_100"]["ratio"] is None
+    assert targets["lazaretto_full_vs_pgmq_archive_100"]["verdict"] == "n/a"
+    targets = report.targets_summary(report.sampled([result("pgmq-archive", 100, 6000.0)]))
+    assert targets["lazaretto_full_vs_pgmq_archive_100"]["verdict"] == "n/a"
 
 
 def test_a_target_met_exactly_passes() -> None:
-    assert peers.verdict(1.2, 1.2) == "PASS"
-    assert peers.verdict(1.19, 1.2) == "MISS"
+    assert report.verdict(1.2, 1.2) == "PASS"
+    assert report.verdict(1.19, 1.2) == "MISS"
+
+
+# --- latency ---------------------------------------------------------------------------
+
+
+def test_latency_leaves_out_the_warm_up_and_takes_nearest_rank_percentiles() -> None:
+    # 2 s of warm-up, then 100 messages of 1..100 ms.
+    warm = [(1000.0 + n / 10, 0.5) for n in range(20)]
+    measured = [(1002.0 + n / 100, (n + 1) / 1000) for n in range(100)]
+    figures = report.latency_figures(warm + measured, warmup_seconds=2.0)
+    assert figures == {
+        "messages": 100,
+        "warmup_messages": 20,
+        "p50_ms": 50.0,
+        "p99_ms": 99.0,
+        "max_ms": 100.0,
+    }
+
+
+def test_latency_targets_judge_lazaretto_s_p99() -> None:
+    latency = {"lazaretto": {"p99_ms": 12.0}, "pgqueuer": {"p99_ms": 9.0}}
+    targets = report.latency_targets(latency)
+    assert targets["lazaretto_p99"]["verdict"] == "PASS"
+    assert targets["lazaretto_p99_vs_pgqueuer"]["verdict"] == "MISS"
+    assert report.latency_targets({"lazaretto": {"p99_ms": 25.0}})["lazaretto_p99"]["verdict"] == (
+        "MISS"
+    )
+
+
+# --- the bench as its user runs it ----------------------------------------------------
 
 
 def test_it_exits_2_without_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert peers.main(["--systems", "bare"]) == 2
+
+
+@pytest.mark.skipif(not os.environ.get("DATABASE_URL"), reason="needs DATABASE_URL")
+def test_a_tiny_run_reports_each_sample_the_pair_and_the_latency() -> None:
+    command = [sys.executable, "-m", "bench.peers", "--systems", "lazaretto-full,bare"]
+    command += ["--batches", "10", "--messages", "100", "--samples", "2"]
+    command += ["--pgbench-seconds", "0", "--latency-seconds", "3"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(run.stdout.splitlines()[-1])
+
+    assert figures["durability"]["profile"] in ("durable", "fast")
+    assert [(row["system"], row["batch"], row["samples"]) for row in figures["results"]] == [
+        ("lazaretto-full", 10, 2),
+        ("bare", 10, 2),
+    ]
+    for row in figures["results"]:
+        assert row["messages"] == 40
+        assert len(row["msgs_per_s_samples"]) == 2
+        assert row["msgs_per_s_min"] <= row["msgs_per_s"] <= row["msgs_per_s_max"]
+        assert row["wal_bytes_per_msg"] > 0
+    pair = figures["targets"]["lazaretto_full_vs_bare_10"]
+    assert pair["verdict"] in ("PASS", "MISS")
+    assert pair["ratio_min"] <= pair["ratio"] <= pair["ratio_max"]
+    assert pair["lazaretto_figures"]["wal_bytes_per_msg"] > 0
+    assert figures["targets"]["lazaretto_full_vs_pgmq_archive_10"]["verdict"] == "n/a"
+    latency = figures["latency"]["lazaretto"]
+    assert latency["messages"] > 0
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert figures["latency_targets"]["lazaretto_p99"]["verdict"] in ("PASS", "MISS")
+    assert "pairs: Lazaretto's median msgs/s" in run.stdout

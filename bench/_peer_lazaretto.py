@@ -1,0 +1,180 @@
+"""Lazaretto as bench/peers.py runs it (in .venv, in the bench's process):
+its queue made with a ``delivered_retention`` mode, the clock of its Celery
+processes draining it, the check of what each mode kept, and its
+publish-to-acknowledgement latency at a light load.
+
+The clock stops when the queue's ``delivered`` counter reaches N: the
+acknowledgement counts what it acknowledges in its own statement, in every
+mode, where the DLVD depth counts only the rows kept (none in mode
+``none``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from bench import _celery
+from bench._harness import BenchError, depths, log
+from bench._loaders import PUT_APPLICATION, PUT_USER
+from bench._peer_worker import publish_times
+
+if TYPE_CHECKING:
+    from broker.models import Queue
+    from rig.processes import Workers
+
+# Each Lazaretto system of the bench and its queue's delivered_retention.
+RETENTIONS = {
+    "lazaretto-full": "full",
+    "lazaretto-headers": "headers",
+    "lazaretto-none": "none",
+}
+LIVE_STATES = ("TBDL", "DLNG", "NDLV", "FAIL")
+DELIVERED_SQL = "SELECT delivered FROM broker_queuetotal_current WHERE queue_id = %s"
+KEPT_SQL = """
+SELECT count(*) FILTER (WHERE state = 'DLVD'),
+       count(*) FILTER (WHERE state = 'DLVD' AND payload IS NULL),
+       count(*) FILTER (WHERE attempts > 1),
+       count(*)
+FROM broker_message WHERE queue_id = %s
+"""
+# Each delivered message's publish (the publish transaction's now()) and its
+# time to the acknowledgement (the ack statement's now(), which it writes as
+# updated_at): what the acknowledgement returns and /metrics observes.
+LATENCY_SQL = """
+SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at - created_at)::float8
+FROM broker_message WHERE queue_id = %s AND state = 'DLVD' ORDER BY id
+"""
+
+
+def make_queue(name: str, *, batch: int, retention: str, size: int, paused: bool) -> Queue:
+    """A queue through the service, with the noop consumer."""
+    from broker.services.queues import queue_create
+
+    return queue_create(
+        name=name,
+        consumer="noop",
+        batch_size=batch,
+        max_payload_bytes=max(size, 1024 * 1024),
+        paused=paused,
+        delivered_retention=retention,
+    )
+
+
+def delivered(conn: psycopg.Connection[Any], queue_id: int) -> int:
+    row = conn.execute(DELIVERED_SQL, [queue_id]).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def wait_all_acknowledged(
+    conn: psycopg.Connection[Any], queue_id: int, count: int, workers: Workers
+) -> float:
+    """perf_counter() when the queue's delivered counter reaches ``count``;
+    fails when it stops moving for STALL_TIMEOUT_SECONDS or a task fails."""
+    seen, moved, checked = -1, time.perf_counter(), time.perf_counter()
+    while True:
+        acknowledged = delivered(conn, queue_id)
+        now = time.perf_counter()
+        if acknowledged >= count:
+            return now
+        if acknowledged != seen:
+            seen, moved = acknowledged, now
+        elif now - moved > _celery.STALL_TIMEOUT_SECONDS:
+            raise BenchError(
+                f"celery: delivery stalled for {_celery.STALL_TIMEOUT_SECONDS:.0f}s at "
+                f"{acknowledged} of {count} delivered: {depths(conn, queue_id)}"
+            )
+        if now - checked > _celery.CHECK_TASKS_SECONDS:
+            _celery.check_tasks(workers)
+            checked = now
+        time.sleep(_celery.POLL_SECONDS)
+
+
+def drain_paused_queue(
+    conn: psycopg.Connection[Any], workers: Workers, queue: Queue, count: int
+) -> float:
+    """Unpause the queue (the Celery processes all run); seconds from the
+    first claim to ``count`` acknowledged."""
+    from broker.services.queues import queue_update
+
+    queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
+    released = time.perf_counter()
+    first = _celery.wait_first_claim(conn, queue.id, count)
+    done = wait_all_acknowledged(conn, queue.id, count, workers)
+    _celery.check_tasks(workers)
+    log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
+    return done - first
+
+
+def expected_kept(retention: str, count: int) -> tuple[int, int, int]:
+    """(DLVD rows, of them without a payload, rows in all) a queue of
+    ``count`` acknowledged messages holds in mode ``retention``."""
+    if retention == "none":
+        return 0, 0, 0
+    return count, count if retention == "headers" else 0, count
+
+
+def verify_kept(conn: psycopg.Connection[Any], queue_id: int, count: int, retention: str) -> None:
+    """Every message was acknowledged once (the delivered counter), none is
+    live, and the queue kept what its mode keeps, in the table and in the
+    DLVD depth."""
+    row = conn.execute(KEPT_SQL, [queue_id]).fetchone()
+    dlvd, without_payload, redelivered, rows = row if row else (None, None, None, None)
+    depth = depths(conn, queue_id)
+    acknowledged = delivered(conn, queue_id)
+    live = sum(depth.get(state, 0) for state in LIVE_STATES)
+    kept = expected_kept(retention, count)
+    if (dlvd, without_payload, rows) != kept or depth.get("DLVD", 0) != kept[0]:
+        raise BenchError(
+            f"lazaretto {retention}: expected (DLVD, without payload, rows) {kept}; the table "
+            f"has {(dlvd, without_payload, rows)}, the counters say {depth}"
+        )
+    if live or acknowledged != count:
+        raise BenchError(
+            f"lazaretto {retention}: {acknowledged} of {count} delivered, {live} still live"
+        )
+    log(
+        f"lazaretto {retention}: verified {acknowledged} delivered, {rows} rows kept "
+        f"({without_payload} without payload), {redelivered} delivered more than once"
+    )
+
+
+def publish_paced(queue_name: str, payload: bytes, rate: float, seconds: float) -> int:
+    """One message a call to the publish service, at ``rate`` a second for
+    ``seconds``; returns how many."""
+    from broker.services.publish import messages_publish
+
+    message = _celery.new_message(payload)
+    times = publish_times(rate, seconds)
+    for due in times:
+        time.sleep(max(0.0, due - time.monotonic()))
+        messages_publish(
+            queue_name=queue_name,
+            messages=[message],
+            put_user=PUT_USER,
+            put_application=PUT_APPLICATION,
+        )
+    return len(times)
+
+
+def latencies(
+    conn: psycopg.Connection[Any], queue: Queue, workers: Workers, count: int
+) -> list[tuple[float, float]]:
+    """(publish epoch, seconds to the acknowledgement) of each of the
+    queue's ``count`` messages, once all are acknowledged."""
+    deadline = time.monotonic() + _celery.STALL_TIMEOUT_SECONDS
+    while delivered(conn, queue.id) < count:
+        if time.monotonic() > deadline:
+            raise BenchError(
+                f"lazaretto latency: {delivered(conn, queue.id)} of {count} delivered after "
+                f"{_celery.STALL_TIMEOUT_SECONDS:.0f}s"
+            )
+        _celery.check_tasks(workers)
+        time.sleep(_celery.POLL_SECONDS)
+    rows: Sequence[tuple[float, float]] = conn.execute(LATENCY_SQL, [queue.id]).fetchall()
+    if len(rows) != count:
+        raise BenchError(f"lazaretto latency: {len(rows)} DLVD rows for {count} messages")
+    return [(float(at), float(seconds)) for at, seconds in rows]
