@@ -408,8 +408,8 @@ def print_targets(results: Sequence[Result]) -> None:
                 str(target.batch or f"{REFERENCE_BATCH}/-"),
                 f"{lazaretto.rate:,.0f} ({spread(lazaretto.rates)})",
                 f"{peer.rate:,.0f} ({spread(peer.rates)})",
-                f"{found.median:.2f}",
-                f"{found.low:.2f}-{found.high:.2f}",
+                f"{found.median:.3f}",
+                f"{found.low:.3f}-{found.high:.3f}",
                 f"{shown(lazaretto.wal_bytes_per_message)} / {shown(peer.wal_bytes_per_message)}",
                 f"{shown(lazaretto.database_cpu_us_per_message, 1)} / "
                 f"{shown(peer.database_cpu_us_per_message, 1)}",

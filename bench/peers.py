@@ -143,6 +143,8 @@ class Options:
     latency_seconds: float
     latency_rate: float
     pgbench_seconds: int
+    # Write var/bench/peers-<UTC>.json and peers-latest.json.
+    keep: bool = True
 
     def messages_for(self, system: str, batch: int | None) -> int:
         if system == "procrastinate":
@@ -282,6 +284,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             PGBENCH_SECONDS,
             f"pgbench -N run (default {PGBENCH_SECONDS}; 0: none)",
         ),
+        keep=(bool, True, "keep the figures in var/bench/peers-*.json (default)"),
     ).parse_args(argv)
     args.batch10_messages = args.batch10_messages or max(1, round(args.messages * BATCH10_SHARE))
     for name, default in (
@@ -1199,8 +1202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = harness.since(started)
         print(f"total {seconds:.0f} s")
         figures = summary(options, run, seconds)
-        path = harness.keep_run("peers", figures, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
-        harness.log(f"figures written to {path.relative_to(harness.ROOT)}")
+        if options.keep:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            path = harness.keep_run("peers", figures, stamp)
+            harness.log(f"figures written to {path.relative_to(harness.ROOT)}")
         harness.print_figures(figures)
 
     return harness.run_bench(measure)

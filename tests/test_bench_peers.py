@@ -94,6 +94,7 @@ def test_defaults_drain_for_at_least_15_seconds_five_times() -> None:
     assert options.procrastinate_messages == peers.DEFAULT_PROCRASTINATE_MESSAGES
     assert options.celery_redis_messages == peers.DEFAULT_CELERY_REDIS_MESSAGES
     assert (options.latency_seconds, options.latency_rate) == (30.0, 20.0)
+    assert options.keep
     assert options.latency_of == ("lazaretto", "pgqueuer")
 
 
@@ -379,7 +380,7 @@ def test_it_exits_2_without_database_url(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_tiny_run_reports_each_sample_the_pair_and_the_latency() -> None:
     command = [sys.executable, "-m", "bench.peers", "--systems", "lazaretto-full,bare"]
     command += ["--batches", "10", "--messages", "100", "--samples", "2"]
-    command += ["--pgbench-seconds", "0", "--latency-seconds", "3"]
+    command += ["--pgbench-seconds", "0", "--latency-seconds", "3", "--no-keep"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.splitlines()[-1])
