@@ -279,7 +279,7 @@ def test_the_servers_cpu_time_counts_what_a_backend_burns() -> None:
     assert after - before >= 0.1
 
 
-def test_the_pairs_are_the_issue_s() -> None:
+def test_each_pair_is_held_to_its_target_ratio() -> None:
     pairs = {(t.lazaretto, t.peer, t.batch): t.minimum for t in peers.TARGETS}
     assert pairs == {
         ("lazaretto-full", "bare", 100): 0.6,
