@@ -53,7 +53,7 @@ help:
 	echo "make fmt       ruff format + ruff check --fix"
 	echo "make fuzz      the REST API fuzzed from outside by schemathesis for FUZZ_SECONDS (240)"
 	echo "make bench     run every bench (python -m bench.NAME) but the long peers and soak runs"
-	echo "make bench-peers  Lazaretto beside PGMQ, PgQueuer, Procrastinate, Celery alone and the bare loop"
+	echo "make bench-peers  each retention mode beside PGMQ (archive, delete) and PgQueuer; Procrastinate, Celery alone, the bare loop"
 	echo "make bench-soak   ten minutes at 70 % of the drain rate, then an idle transaction and the recovery"
 	echo "make clean     stop services and remove var/"
 
