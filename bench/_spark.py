@@ -34,7 +34,7 @@ SAMPLE_SECONDS = 0.1
 # A statement of the driver active this long is logged as it happens.
 SLOW_STATEMENT_SECONDS = 60.0
 VACUUM_SQL = (
-    "VACUUM ANALYZE broker_message, broker_replayedmessage, broker_replayjob,"
+    "VACUUM ANALYZE broker_message, broker_replayjob,"
     " broker_replaystage, broker_queuedepth, broker_queuedepthdelta"
 )
 # What the other backends of the bench database are busy with.

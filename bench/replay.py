@@ -2,8 +2,8 @@
 queue by the Spark replay job, against one INSERT ... SELECT (the machine's
 limit for the same move) and a row-by-row ORM loop (a naive script).
 
-The three ways move the same source; between them the copies and the job
-ledger are deleted and the tables vacuumed.
+The three ways move the same source; between them the copies and the replay
+jobs are deleted and the tables vacuumed.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ PROGRESS_LOG_SECONDS = 5.0
 SPARK_TIMEOUT_SECONDS = 1800
 
 # The machine's limit: the same copies (to the original queue, TBDL, header
-# kept, fresh counters) in one statement, without the job's ledger.
+# kept, fresh counters) in one statement, the copies unmarked (no job, no
+# source, so no unique index to check).
 INSERT_SELECT_SQL = """
 INSERT INTO broker_message (queue_id, payload, content_type, headers, priority, dead_letter,
                             put_application, put_user, state, available_at, enqueued_at,
@@ -218,7 +219,7 @@ def dead_letter(bench_url: str, options: Options) -> Setup:
 
 
 def reset(setup: Setup) -> None:
-    """Delete what a way wrote (copies, replay jobs and their ledger), then
+    """Delete what a way wrote (copies and replay jobs), then
     VACUUM ANALYZE and CHECKPOINT, so every way starts from the same tables."""
     replay_undo(setup.bench_url, setup.origin_id)
     _spark.vacuum(setup.bench_url)
@@ -464,7 +465,7 @@ def print_report(options: Options, figures: Figures) -> None:
         f"spark: {config['master']}, {config['partitions']} JDBC partitions, slices of "
         f"{config['slice_rows']} rows, fetch {config['fetch_rows']}, "
         f"write batches {config['write_batch_rows']}",
-        "insert_select: one INSERT ... SELECT, one transaction, no ledger (the machine's limit)",
+        "insert_select: one INSERT ... SELECT, one transaction, unmarked copies (the machine's limit)",
         f"orm: Message.objects.create per message, one transaction each, on a sample of "
         f"{options.orm_sample}",
     )

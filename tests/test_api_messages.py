@@ -23,6 +23,16 @@ def test_it_gets_a_message_with_its_payload(viewer_api, orders, publish):
     assert body["payload_encoding"] == "string"
     assert body["dead_letter"] is None
     assert (body["crash_count"], body["timeout_count"]) == (0, 0)
+    assert (body["replay_job_id"], body["replay_source_id"]) == (None, None)
+
+
+def test_a_replayed_copy_names_its_job_and_source(viewer_api, orders, publish):
+    source, copy = publish(orders, 2)
+    Message.objects.filter(id=copy).update(replay_job_id=7, replay_source_id=source)
+
+    body = viewer_api.get(f"/api/v1/messages/{copy}/").json()
+
+    assert (body["replay_job_id"], body["replay_source_id"]) == (7, source)
 
 
 def test_an_unknown_message_is_404(viewer_api, db):

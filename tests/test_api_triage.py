@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from django.utils import timezone
 
 from broker import selectors
 from broker.models import AuditEvent, BulkJob, Message, MessageState, Queue
+from broker.pipeline.archive import SCHEMA
 from broker.services.bulk import bulk_job_run
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_activate, rule_table_create
-from tests.support.archive import DAY, archived, message_row
+from tests.support.archive import DAY, DEFAULTS, archived, message_row
 from tests.support.messages import blacklisted, dead_lettered, payload_of
 
 pytestmark = pytest.mark.django_db
@@ -394,8 +397,9 @@ def test_the_archive_search_pages_a_queues_archived_messages(
         "ORDERS.IN",
         [
             message_row(n, DAY + timedelta(hours=n), payload=b"\x00\xff" if n == 3 else b"ok")
-            for n in range(1, 6)
-        ],
+            for n in range(1, 5)
+        ]
+        + [message_row(5, DAY + timedelta(hours=5), replay_job_id=9, replay_source_id=1)],
     )
 
     first = viewer_api.get("/api/v1/archive/", {"queue": "ORDERS.IN", "page_size": 2}).json()
@@ -413,6 +417,10 @@ def test_the_archive_search_pages_a_queues_archived_messages(
     ).json()
 
     assert [m["id"] for m in first["results"]] == [5, 4]
+    assert [(m["replay_job_id"], m["replay_source_id"]) for m in first["results"]] == [
+        (9, 1),
+        (None, None),
+    ]
     assert [m["id"] for m in rest["results"]] == [3, 2]
     assert (rest["results"][0]["payload"], rest["results"][0]["payload_encoding"]) == (
         "AP8=",
@@ -420,6 +428,24 @@ def test_the_archive_search_pages_a_queues_archived_messages(
     )
     assert [m["id"] for m in window["results"]] == [3, 2]
     assert window["next_before_id"] is None
+
+
+def test_archive_files_written_before_copies_carried_their_replay_still_read(
+    viewer_api, orders, settings, tmp_path
+):
+    settings.ARCHIVE_DIR = tmp_path
+    earlier = pa.schema([f for f in SCHEMA if not f.name.startswith("replay_")])
+    directory = tmp_path / "queue=ORDERS.IN" / f"day={DAY.date().isoformat()}"
+    directory.mkdir(parents=True)
+    row = {**DEFAULTS, **message_row(1, DAY)}
+    pq.write_table(
+        pa.table({name: [row[name]] for name in earlier.names}, schema=earlier),
+        directory / "part-0.parquet",
+    )
+
+    [message] = viewer_api.get("/api/v1/archive/", {"queue": "ORDERS.IN"}).json()["results"]
+
+    assert (message["id"], message["replay_job_id"], message["replay_source_id"]) == (1, None, None)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from broker.models import Queue, ReplayedMessage, ReplayJob
+from broker.models import Message, Queue, ReplayJob
 from broker.pipeline.replay import replay_job_submit
 from broker.pipeline.selection import ReplaySpec
 from broker.services.publish import NewMessage, messages_publish
@@ -541,8 +541,9 @@ def test_a_message_page_shows_the_replays_of_it_and_the_one_it_came_from(viewer,
         queue_name="ORDERS.IN", messages=[NewMessage(payload=b"{}")] * 2
     )
     job, again = a_job(operator), a_job(operator)
-    ReplayedMessage.objects.create(job=job, source_message_id=source, message_id=copy)
-    ReplayedMessage.objects.create(job=again, source_message_id=source, message_id=second_copy)
+    # As the replay writes them: each copy carries its job and its source.
+    Message.objects.filter(id=copy).update(replay_job_id=job.id, replay_source_id=source)
+    Message.objects.filter(id=second_copy).update(replay_job_id=again.id, replay_source_id=source)
     client = logged_in(viewer)
 
     original = re.sub(r"\s+", " ", client.get(f"/messages/{source}/").content.decode())

@@ -465,6 +465,8 @@ def archived(settings, tmp_path: Path) -> list[int]:
         "put_user": ["oscar", "oscar", "oscar"],
         "created_at": at,
         "updated_at": at,
+        "replay_job_id": [None, None, None],
+        "replay_source_id": [None, None, None],
     }
     pq.write_table(pa.table(rows, schema=SCHEMA), day / "part-0.parquet")
     return rows["id"]

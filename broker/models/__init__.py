@@ -43,7 +43,6 @@ from broker.models.messages import (
 from broker.models.pipeline import (
     ArchiveChunk,
     ArchiveChunkStatus,
-    ReplayedMessage,
     ReplayJob,
     ReplayJobStatus,
     ReplaySource,
@@ -121,7 +120,6 @@ __all__ = [
     "ReplayJob",
     "ReplayJobStatus",
     "ReplaySource",
-    "ReplayedMessage",
     "RuleTable",
     "RuleTableStatus",
     "ScanResult",

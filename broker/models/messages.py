@@ -61,6 +61,15 @@ class Message(models.Model):
     put_user = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # On a copy a replay job wrote: the job and the message it copied, kept
+    # wherever the copy goes (delivered, archived). Plain ids, no foreign
+    # keys: a source may be archived or deleted, and a key on the job would
+    # be checked again by every acknowledgement that moves a row between
+    # partitions. Each job writes a source once: its mark
+    # (ReplayJob.written_upto) and, among the live rows, the unique index
+    # message_replayed_once_idx of broker_message_live (migration 0020).
+    replay_job_id = models.BigIntegerField(null=True, blank=True)
+    replay_source_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -170,6 +179,15 @@ class Message(models.Model):
                 fields=["queue", "id"],
                 name="message_blacklist_idx",
                 condition=Q(state=MessageState.NOT_DELIVERABLE),
+            ),
+            # A message's timeline, the copies replay jobs wrote of it:
+            #   SELECT … FROM broker_message WHERE replay_source_id = $1 ORDER BY id
+            # Only copies have entries: a publish, claim or ack of any other
+            # message writes none.
+            models.Index(
+                fields=["replay_source_id"],
+                name="message_replay_source_idx",
+                condition=Q(replay_source_id__isnull=False),
             ),
         ]
 

@@ -1,4 +1,4 @@
-"""The data pipeline: replay jobs and what they copied, and archive chunks."""
+"""The data pipeline: replay jobs and archive chunks."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ class ReplayJobStatus(models.TextChoices):
 
 class ReplayJob(models.Model):
     """Dead (or delivered, or archived) messages put back on queues in bulk
-    by a Spark job (workers.spark.replay). Each run writes every message at
-    most once (ReplayedMessage), so a failed or cancelled job may be run
-    again."""
+    by a Spark job (workers.spark.replay). Each copy carries the job and its
+    source (Message.replay_job_id, replay_source_id), and each write of a
+    range of sources commits with the job's mark (``written_upto``), so a
+    failed or cancelled job may be run again: it writes only what lies past
+    the mark."""
 
     source = models.CharField(max_length=16, choices=ReplaySource.choices)
     # The dead-letter queue read, for source dead_letter.
@@ -64,6 +66,12 @@ class ReplayJob(models.Model):
     spark_app_id = models.CharField(max_length=100, blank=True)
     driver_pid = models.IntegerField(null=True, blank=True)
     runs = models.PositiveIntegerField(default=0)
+    # The job's resume mark: every source message it staged with an id up to
+    # this one was written (or found unwritable) by a committed write, which
+    # stored the mark in the same transaction. A run writes only sources
+    # above it, whatever became of the copies since (delivered, deleted,
+    # archived). Runs never lower it.
+    written_upto = models.BigIntegerField(default=0)
     error = models.TextField(blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
@@ -106,33 +114,6 @@ class ReplayJob(models.Model):
             ReplayJobStatus.FAILED,
             ReplayJobStatus.CANCELLED,
         }
-
-
-class ReplayedMessage(models.Model):
-    """A message a replay job wrote, by its source message: the job's
-    idempotency record (one per job and source, whatever became of the new
-    message since) and the mark on the source for its timeline."""
-
-    job = models.ForeignKey(ReplayJob, on_delete=models.CASCADE, related_name="replayed")
-    source_message_id = models.BigIntegerField()
-    message_id = models.BigIntegerField()
-    created_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["job", "source_message_id"], name="replayed_once_per_job"
-            ),
-        ]
-        indexes = [
-            # A source message's timeline: SELECT … WHERE source_message_id = $1
-            models.Index(fields=["source_message_id"], name="replayed_source_idx"),
-            # A replayed message's origin: SELECT … WHERE message_id = $1
-            models.Index(fields=["message_id"], name="replayed_message_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return f"job {self.job_id}: {self.source_message_id} -> {self.message_id}"
 
 
 class ArchiveChunkStatus(models.TextChoices):

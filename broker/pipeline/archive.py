@@ -55,6 +55,10 @@ SCHEMA = pa.schema(
         ("put_user", pa.string()),
         ("created_at", pa.timestamp("us", tz="UTC")),
         ("updated_at", pa.timestamp("us", tz="UTC")),
+        # A replayed copy's job and source (null for any other message, and
+        # in files written before copies carried them).
+        ("replay_job_id", pa.int64()),
+        ("replay_source_id", pa.int64()),
     ]
 )
 PARTITION_FIELDS = pa.schema([("queue", pa.string()), ("day", pa.string())])

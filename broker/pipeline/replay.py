@@ -3,9 +3,10 @@ queues in bulk by a Spark job (workers.spark.replay).
 
 A job is checked whole at submission (``replay_job_submit``): anything wrong
 is refused with an error per field and nothing is written. Workers launch
-it; the Spark driver reports through ``replay_run_*`` below. Every run of a
-job writes each source message at most once (the ReplayedMessage record),
-so a failed or cancelled job may simply be run again. What a job reads is
+it; the Spark driver reports through ``replay_run_*`` below. A job writes
+each source message at most once over all its runs: every write commits with
+the job's mark (``written_upto``) and a run writes only above it, so a
+failed or cancelled job may simply be run again. What a job reads is
 ``broker.pipeline.source``'s; reads for display are in
 ``broker.pipeline.selectors``.
 """
@@ -172,35 +173,53 @@ def replay_stage_bounds(*, job_id: int, after: int, upto: int, velocity: int) ->
 
 
 def replay_stage_analyze() -> None:
-    """Refresh the statistics of the staging table and of the job records
-    after a load, so the insert that follows is planned for the rows they
-    hold now: with stale figures for a job's records the planner may rescan
-    them for every staged row (minutes instead of seconds per range)."""
+    """Refresh the statistics of the staging table after a load, so the
+    insert that follows is planned for the rows it holds now, not for the
+    empty table it was."""
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_replaystage, broker_replayedmessage")
+        cursor.execute("ANALYZE broker_replaystage")
 
 
 def replay_write_staged(
     *, job: ReplayJob, after: int, upto: int, progress: dict[str, Any]
 ) -> ReplayJob:
-    """Write the staged messages of (after, upto] and wake their queues, and
-    in the same transaction store the run's counts: ``progress`` (what the
-    driver counted so far: read, matched, skipped, failed, per rule) and
-    what this write did (written and per target, and the staged sources an
-    earlier run wrote, as skipped). A driver killed right after the commit
-    leaves a job whose counts are those of the copies present. Returns the
-    job as stored."""
+    """Write the staged messages of (after, upto] the job has not written
+    yet, wake their queues, and in the same transaction store the job's mark
+    and the run's counts.
+
+    The mark (``written_upto``) is the job's idempotency record: the write
+    starts above it, whatever became of the copies written before (delivered,
+    deleted on delivery, archived), and moves it to the highest source staged
+    in the range, so that everything staged up to it is written or decided
+    once this commits; an uncommitted write leaves neither copies nor mark.
+    The job row is locked first, so two writers of one job take turns and
+    the second starts above the first's mark.
+
+    The counts: ``progress`` (what the driver counted so far: read, matched,
+    skipped, failed, per rule) and what this write did (written and per
+    target, and the staged sources it did not write, as skipped: an earlier
+    run wrote them, or they can no longer be written). A driver killed right
+    after the commit leaves a job whose counts are those of the copies
+    present. Returns the job as stored."""
     with transaction.atomic():
         stored = ReplayJob.objects.select_for_update().get(id=job.id)
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM broker_replaystage"
+                "SELECT count(*), max(source_id) FROM broker_replaystage"
                 " WHERE job_id = %s AND source_id > %s AND source_id <= %s",
                 [job.id, after, upto],
             )
-            (staged,) = cursor.fetchone()
-        by_id = messages_replay_staged(
-            job_id=job.id, after=after, upto=upto, from_archive=job.source == ReplaySource.ARCHIVE
+            staged, highest = cursor.fetchone()
+        start = max(after, stored.written_upto)
+        by_id = (
+            messages_replay_staged(
+                job_id=job.id,
+                after=start,
+                upto=upto,
+                from_archive=job.source == ReplaySource.ARCHIVE,
+            )
+            if start < upto
+            else {}
         )
         queues = Queue.objects.in_bulk(list(by_id))
         written = sum(by_id.values())
@@ -211,8 +230,18 @@ def replay_write_staged(
         for queue_id, count in by_id.items():
             name = queues[queue_id].name
             stored.per_target[name] = stored.per_target.get(name, 0) + count
+        stored.written_upto = max(stored.written_upto, highest or 0)
         stored.heartbeat_at = timezone.now()
-        stored.save(update_fields={*progress, "written", "skipped", "per_target", "heartbeat_at"})
+        stored.save(
+            update_fields={
+                *progress,
+                "written",
+                "skipped",
+                "per_target",
+                "written_upto",
+                "heartbeat_at",
+            }
+        )
         for queue_id, count in by_id.items():
             queue = queues[queue_id]
             if queue.kind == QueueKind.STANDARD:

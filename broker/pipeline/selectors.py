@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from broker.errors import ReplayJobNotFound
-from broker.models import ReplayedMessage, ReplayJob, ReplaySource
+from broker.models import Message, ReplayJob, ReplaySource
 from broker.pipeline.archive import (
     DATASET_SCHEMA,
     PARTITIONING,
@@ -40,14 +40,36 @@ def replay_job_get(*, job_id: int) -> ReplayJob:
     return job
 
 
-def replays_of(*, message_id: int) -> list[ReplayedMessage]:
-    """The copies replay jobs wrote of a message, oldest first."""
-    return list(ReplayedMessage.objects.filter(source_message_id=message_id).order_by("id"))
+@dataclass(frozen=True)
+class Replayed:
+    """A copy a replay job wrote: the job, the message it copied (the
+    source) and the copy, written at ``created_at``."""
+
+    job_id: int
+    source_message_id: int
+    message_id: int
+    created_at: datetime
 
 
-def replayed_from(*, message_id: int) -> ReplayedMessage | None:
+_REPLAYED = ("replay_job_id", "replay_source_id", "id", "created_at")
+
+
+def replays_of(*, message_id: int) -> list[Replayed]:
+    """The copies replay jobs wrote of a message and PostgreSQL still holds
+    (an archived copy is in the archive with the same marks), oldest first.
+    Reads message_replay_source_idx."""
+    copies = Message.objects.filter(replay_source_id=message_id).order_by("id")
+    return [Replayed(*row) for row in copies.values_list(*_REPLAYED)]
+
+
+def replayed_from(*, message_id: int) -> Replayed | None:
     """The replay that wrote this message, if one did."""
-    return ReplayedMessage.objects.filter(message_id=message_id).first()
+    row = (
+        Message.objects.filter(id=message_id, replay_job_id__isnull=False)
+        .values_list(*_REPLAYED)
+        .first()
+    )
+    return None if row is None else Replayed(*row)
 
 
 def replay_jobs_recent(*, limit: int = 50) -> list[ReplayJob]:
@@ -79,6 +101,9 @@ class ArchivedMessage:
     put_user: str
     created_at: datetime
     updated_at: datetime
+    # A replayed copy's job and source message.
+    replay_job_id: int | None = None
+    replay_source_id: int | None = None
 
 
 def _dataset() -> ds.Dataset | None:
@@ -212,6 +237,8 @@ def _archived(row: dict[str, Any]) -> ArchivedMessage:
         put_user=row["put_user"] or "",
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        replay_job_id=row["replay_job_id"],
+        replay_source_id=row["replay_source_id"],
     )
 
 

@@ -135,7 +135,7 @@ _ARCHIVE_READ_SQL = (
     "SELECT m.id, q.name AS queue, m.state, m.payload, m.content_type, m.headers::text AS headers,"
     " m.priority::int AS priority, m.attempts, m.crash_count, m.timeout_count,"
     " m.dead_letter::text AS dead_letter, m.last_error, m.put_application, m.put_user,"
-    " m.created_at, m.updated_at " + _DUE
+    " m.created_at, m.updated_at, m.replay_job_id, m.replay_source_id " + _DUE
 )
 
 

@@ -46,6 +46,14 @@ class ArchivedMessageSerializer(BodySerializer[ArchivedMessage]):
     put_user = serializers.CharField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    replay_job_id = serializers.IntegerField(
+        allow_null=True,
+        help_text="The replay job that wrote this message as a copy; null for any other.",
+    )
+    replay_source_id = serializers.IntegerField(
+        allow_null=True,
+        help_text="The message this copy was replayed from; null for any other.",
+    )
 
     def get_payload(self, message: ArchivedMessage) -> str | None:
         return payload_document(message.payload)[0]

@@ -73,6 +73,16 @@ class MessageSerializer(BodyModelSerializer[Message]):
         help_text="False for a delivered message whose queue keeps delivered messages without "
         "their payload (delivered_retention headers)."
     )
+    replay_job_id = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The replay job that wrote this message as a copy; null for any other.",
+    )
+    replay_source_id = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The message this copy was replayed from; null for any other.",
+    )
 
     class Meta:
         model = Message
@@ -99,6 +109,8 @@ class MessageSerializer(BodyModelSerializer[Message]):
             "dead_letter",
             "put_application",
             "put_user",
+            "replay_job_id",
+            "replay_source_id",
             "created_at",
             "updated_at",
         ]

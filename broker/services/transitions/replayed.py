@@ -1,9 +1,8 @@
 """Replay writes copies of messages; the sources stay as they are. A copy is
-a new arrival on its target queue (TBDL, fresh counters), written by one
-set-based statement from a replay job's staging rows, together with the
-job's record of it (ReplayedMessage), which makes the statement skip what the
-job already wrote. Archiving deletes delivered and failed messages once the
-archive holds them."""
+a new arrival on its target queue (TBDL, fresh counters) carrying its replay
+job and its source (replay_job_id, replay_source_id), written by one
+set-based statement from a replay job's staging rows. Archiving deletes
+delivered and failed messages once the archive holds them."""
 
 from __future__ import annotations
 
@@ -18,32 +17,27 @@ T = Transition
 # Columns a replayed message takes from its source; the rest start afresh.
 _COPY = "payload, content_type, headers, priority, put_application, put_user"
 
-# Staged rows of one job in (after, upto], not yet written by the job, whose
-# target queue exists: each gets its new message id first, so the job's
-# record and the message are written by one statement. The source must
-# still be replayable (hot table) or is carried by the staging row (archive).
+# Staged rows of one job in (after, upto] whose target queue exists, each
+# written as a copy marked with the job and its source. The source must still
+# be replayable (hot table) or is carried by the staging row (archive). The
+# caller starts the range past what the job wrote before (its mark,
+# ReplayJob.written_upto); a copy of the same job and source among the live
+# rows (another writer of the job) is skipped, by the unique index
+# message_replayed_once_idx of broker_message_live: the insert waits for that
+# writer's commit and writes nothing in its place.
 _REPLAY_SQL = f"""
-WITH picked AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('broker_message', 'id')) AS new_id,
-           s.source_id, t.id AS queue_id,
-           {{columns}},
-           CASE WHEN s.keep_header THEN {{dead_letter}} END AS dead_letter
+WITH written AS (
+    INSERT INTO broker_message (queue_id, {_COPY}, dead_letter, state, replay_job_id,
+                                replay_source_id, available_at, enqueued_at, created_at,
+                                updated_at)
+    SELECT t.id, {{columns}},
+           CASE WHEN s.keep_header THEN {{dead_letter}} END,
+           'TBDL', s.job_id, s.source_id, now(), now(), now(), now()
     FROM broker_replaystage AS s
     JOIN broker_queue AS t ON t.name = s.target
     {{source_join}}
     WHERE s.job_id = %(job)s AND s.source_id > %(after)s AND s.source_id <= %(upto)s
-      AND NOT EXISTS (
-          SELECT 1 FROM broker_replayedmessage AS r
-          WHERE r.job_id = s.job_id AND r.source_message_id = s.source_id
-      )
-), recorded AS (
-    INSERT INTO broker_replayedmessage (job_id, source_message_id, message_id)
-    SELECT %(job)s, source_id, new_id FROM picked
-), written AS (
-    INSERT INTO broker_message (id, queue_id, {_COPY}, dead_letter, state,
-                                available_at, enqueued_at, created_at, updated_at)
-    SELECT new_id, queue_id, {_COPY}, dead_letter, 'TBDL', now(), now(), now(), now()
-    FROM picked
+    ON CONFLICT DO NOTHING
     RETURNING queue_id
 )
 SELECT queue_id, count(*) FROM written GROUP BY queue_id
@@ -61,10 +55,9 @@ _FROM_HOT_SQL = _REPLAY_SQL.format(
 )
 _FROM_ARCHIVE_SQL = _REPLAY_SQL.format(
     columns=(
-        "s.payload, coalesce(s.content_type, 'application/octet-stream') AS content_type, "
-        "coalesce(s.headers, '{}')::jsonb AS headers, coalesce(s.priority, 4) AS priority, "
-        "coalesce(s.put_application, '') AS put_application, "
-        "coalesce(s.put_user, '') AS put_user"
+        "s.payload, coalesce(s.content_type, 'application/octet-stream'), "
+        "coalesce(s.headers, '{}')::jsonb, coalesce(s.priority, 4), "
+        "coalesce(s.put_application, ''), coalesce(s.put_user, '')"
     ),
     dead_letter="s.dead_letter::jsonb",
     source_join="",
@@ -79,11 +72,13 @@ WHERE m.id = ANY(%(ids)s) AND {guard(T.ARCHIVE)}
 def messages_replay_staged(
     *, job_id: int, after: int, upto: int, from_archive: bool
 ) -> dict[int, int]:
-    """Write a copy (TBDL on its staged target, fresh counters) of each
-    message job ``job_id`` staged with a source id in (``after``, ``upto``],
-    unless the job wrote one already; sources staying as they are. An
-    internal move: no max-messages limit refuses it. Runs in the caller's
-    transaction; returns the messages written per target queue id."""
+    """Write a copy (TBDL on its staged target, fresh counters, marked with
+    the job and its source) of each message job ``job_id`` staged with a
+    source id in (``after``, ``upto``], unless a live copy of it by the job
+    is there already; sources staying as they are. An internal move: no
+    max-messages limit refuses it. Runs in the caller's transaction, which
+    stores the job's mark (``broker.pipeline.replay.replay_write_staged``);
+    returns the messages written per target queue id."""
     sql = _FROM_ARCHIVE_SQL if from_archive else _FROM_HOT_SQL
     with connection.cursor() as cursor:
         cursor.execute(sql, {"job": job_id, "after": after, "upto": upto})
