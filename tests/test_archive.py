@@ -54,6 +54,8 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stored = old_and_recent_messages()
+    # The failed message is a replayed copy: the archive keeps its job and source.
+    Message.objects.filter(id=stored.failed).update(replay_job_id=7, replay_source_id=3)
     monkeypatch.setenv("LAZARETTO_ARCHIVE_CHUNK_ROWS", "8000")
     the_driver_dies_after_its_first_chunk(monkeypatch, stored)
 
@@ -76,8 +78,9 @@ def test_old_delivered_messages_move_to_parquet_once_even_when_the_driver_dies_m
     # The console's search reads it; replay takes it back.
     page = archive_search(queue="ORDERS.IN", limit=5)
     assert [message.id for message in page] == sorted(gone, reverse=True)[:5]
-    assert page[0].state == S.FAILED
-    the_archived_days_replay_into_a_queue()
+    assert (page[0].state, page[0].replay_job_id, page[0].replay_source_id) == (S.FAILED, 7, 3)
+    assert (page[1].replay_job_id, page[1].replay_source_id) == (None, None)
+    the_archived_days_replay_into_a_queue(gone)
 
 
 class Stored(NamedTuple):
@@ -117,7 +120,7 @@ def the_driver_dies_after_its_first_chunk(monkeypatch: pytest.MonkeyPatch, store
     monkeypatch.delenv("LAZARETTO_ARCHIVE_KILL_AFTER_WRITE")
 
 
-def the_archived_days_replay_into_a_queue() -> None:
+def the_archived_days_replay_into_a_queue(archived: list[int]) -> None:
     queue_create(name="ORDERS.REPLAYED", consumer="")
     job = replay_job_submit(
         spec=ReplaySpec(
@@ -138,6 +141,11 @@ def the_archived_days_replay_into_a_queue() -> None:
     assert copies.count() == 20_001
     assert set(copies.values_list("state", flat=True)) == {S.TO_BE_DELIVERED}
     assert copies.filter(payload=b"archived").count() == 20_001
+    # Each copy names its job and its archived source, and the job's mark is
+    # the highest source it wrote, not the end of its one range.
+    assert set(copies.values_list("replay_job_id", flat=True)) == {job.id}
+    assert set(copies.values_list("replay_source_id", flat=True)) == set(archived)
+    assert job.written_upto == max(archived)
 
 
 ARCHIVED = NewMessage(payload=b"archived", headers={"source": "test"})
