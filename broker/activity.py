@@ -32,8 +32,14 @@ class Window(enum.Enum):
         return next((window for window in cls if window.label == label), None)
 
 
-# The counters a queue's rate chart shows (``broker.models.Counts``).
-RATES = ("published", "delivered", "dead_lettered", "poisoned")
+# The counters a queue's rate chart shows (``broker.models.Counts``), each
+# with the word the chart calls it by.
+RATES = {
+    "published": "published",
+    "delivered": "acked",
+    "dead_lettered": "dead-lettered",
+    "poisoned": "quarantined",
+}
 
 
 @dataclass(frozen=True)

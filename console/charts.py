@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.activity import QueueActivity
+from broker.activity import RATES, QueueActivity
 from broker.models import MessageState
 from broker.selectors import MinuteCounts
 
@@ -78,12 +78,6 @@ def rate_chart(minutes: list[MinuteCounts]) -> LineChart:
     )
 
 
-RATE_LABELS = {
-    "published": "published",
-    "delivered": "acked",
-    "dead_lettered": "dead-lettered",
-    "poisoned": "quarantined",
-}
 # Delivered messages kept (DLVD) pile up until archived and would flatten
 # every other line: the queue page's table gives their count.
 CHARTED_STATES = [state for state in MessageState.values if state != MessageState.DELIVERED]
@@ -102,7 +96,7 @@ def activity_charts(activity: QueueActivity) -> list[LineChart]:
         activity.slots,
         [
             (name, label, activity.rates[name], f"{activity.totals[name]} {label}")
-            for name, label in RATE_LABELS.items()
+            for name, label in RATES.items()
         ],
     )
     depths = line_chart(

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from broker.activity import Window, queue_activity
 from broker.models import Queue, QueueDepthMinute, QueueMinute
+from broker.services import counting
 from broker.services.counting import counters_fold
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
@@ -57,11 +58,18 @@ def test_the_fold_notes_each_changed_count_with_the_count_before_it(queue: Queue
     assert row.minute == this_minute()
 
 
-def test_the_fold_forgets_counts_older_than_two_days(queue: Queue) -> None:
+def test_the_fold_forgets_counts_older_than_two_days_once_a_minute(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     publish(1)
     counters_fold()
     QueueDepthMinute.objects.update(minute=this_minute() - timedelta(days=2, minutes=1))
     publish(1)
+    counters_fold()
+    # The first fold pruned; the next prune comes a minute after it.
+    assert sorted(QueueDepthMinute.objects.values_list("count", flat=True)) == [1, 2]
+
+    monkeypatch.setattr(counting, "_pruned_at", counting._pruned_at - counting.PRUNE_EVERY_SECONDS)
     counters_fold()
     assert list(QueueDepthMinute.objects.values_list("count", flat=True)) == [2]
 

@@ -46,6 +46,32 @@ def test_the_claim_the_suspect_probe_and_the_ack_are_prepared_and_reused(db):
     assert run_count(statements, "DELETE FROM broker_message", "INSERT INTO broker_message") == 3
 
 
+def test_a_courier_plans_each_delivery_statement_once(db):
+    """Left to choose, PostgreSQL planned the ack and the claim afresh at
+    every execution (it found the generic plan dearer), which cost as much as
+    running them at batch 10. A courier runs them on their generic plans,
+    and its session plans as before once it is done."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 200)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message")
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        for _ in range(12):
+            assert courier.deliver(claim_next=True).acked == 10
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        plans = cursor.fetchall()
+        cursor.execute("SHOW plan_cache_mode")
+        [(after_the_courier,)] = cursor.fetchall()
+
+    settled = [row for row in plans if "DELETE FROM broker_message" in row[0]]
+    assert sum(generic for _, generic, _ in settled) >= 11, plans
+    assert [custom for _, _, custom in plans] == [0] * len(plans), plans
+    assert after_the_courier == "auto"
+
+
 def test_a_suspect_probe_reads_the_suspect_index_after_many_runs(db):
     """A generic plan would serve the probe and the batch claim alike; the
     probe must not walk the waiting backlog to find no suspect."""

@@ -28,7 +28,7 @@ from broker.services.alarms import alarms_notify_due
 from broker.services.bulk import bulk_job_run
 from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
-from broker.services.delivery import queue_courier, task_time_limit
+from broker.services.delivery import Courier, queue_announce, queue_courier, task_time_limit
 from broker.services.heartbeats import heartbeat
 from broker.services.live_statistics import live_statistics_refresh
 from broker.services.sweeper import messages_sweep
@@ -103,6 +103,7 @@ def _fanout(waiting: int, batch_size: int, suspects: int = 0) -> int:
 
 @receiver(messages_available)
 def wake_when_available(sender: Any, queue: Queue, count: int, **kwargs: Any) -> None:
+    queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
     transaction.on_commit(
         lambda: wake(queue_id=queue.id, lease_seconds=queue.lease_seconds, tasks=tasks),
@@ -121,23 +122,43 @@ def _observe_lag(task: Task, gauge: Gauge) -> None:
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
 def deliver(queue_id: int) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
-    nothing due or the task's time budget is spent; then hand over."""
+    nothing due or the task's time budget is spent; then hand over. With
+    nothing due and budget left, wait for the queue to be announced
+    (``broker.services.delivery``) and deliver again, until the budget is
+    spent or another queue is announced."""
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
-        if courier is None:
+        if courier is None or _deliver_due(courier, budget_ends, suspects=True):
             return
-        # Within its budget, each unit's settlement also claims the next
-        # batch; a batch claimed so is always delivered.
-        outcome = courier.deliver(suspects=True, claim_next=time.monotonic() < budget_ends)
-        while outcome.claimed:
-            if time.monotonic() >= budget_ends and not courier.claimed_next:
-                wake(queue_id=queue_id, lease_seconds=outcome.lease_seconds)
-                return
-            # Suspects are probed for only while they keep turning up: with no
-            # crash, one probe per task is all they cost.
-            outcome = courier.deliver(
-                suspects=outcome.isolated, claim_next=time.monotonic() < budget_ends
-            )
+        delivered, announced = False, None
+        with courier.listening() as listener:
+            # Listening from now on: look once more for what was announced before.
+            while listener and not _deliver_due(courier, budget_ends, suspects=True):
+                announced = courier.wait_announced(budget_ends)
+                if announced != queue_id:
+                    break
+                delivered = True
+        if delivered and announced is None:
+            # Messages keep coming: a new task waits on.
+            wake(queue_id=queue_id, lease_seconds=courier.queue.lease_seconds)
+
+
+def _deliver_due(courier: Courier, budget_ends: float, *, suspects: bool) -> bool:
+    """Deliver the queue's due units until none is left, or the budget is
+    spent (then a new task is woken to go on: True)."""
+    # Within its budget, each unit's settlement also claims the next batch; a
+    # batch claimed so is always delivered.
+    outcome = courier.deliver(suspects=suspects, claim_next=time.monotonic() < budget_ends)
+    while outcome.claimed:
+        if time.monotonic() >= budget_ends and not courier.claimed_next:
+            wake(queue_id=courier.queue.id, lease_seconds=outcome.lease_seconds)
+            return True
+        # Suspects are probed for only while they keep turning up: with no
+        # crash, one probe per task is all they cost.
+        outcome = courier.deliver(
+            suspects=outcome.isolated, claim_next=time.monotonic() < budget_ends
+        )
+    return False
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)
@@ -176,6 +197,7 @@ def _sweep_messages() -> None:
     )
     for queue_id, suspects in result.suspects_by_queue.items():
         if queue_id in lease_seconds:
+            queue_announce(queue_id=queue_id)
             wake(
                 queue_id=queue_id,
                 lease_seconds=lease_seconds[queue_id],

@@ -22,6 +22,8 @@ orders.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Mapping
 
 from django.db import connection, transaction
@@ -132,8 +134,11 @@ FROM changed ORDER BY queue_id, state
 ON CONFLICT (queue_id, minute, state) DO UPDATE SET count = EXCLUDED.count
 """
 
-# How long the depth chart's rows (``QueueDepthMinute``) are kept.
+# How long the depth chart's rows (``QueueDepthMinute``) are kept, and how
+# often a process prunes the older ones (their rows are per minute).
 DEPTH_HISTORY = "2 days"
+PRUNE_EVERY_SECONDS = 60.0
+_pruned_at = -math.inf
 _PRUNE_DEPTHS_SQL = f"""
 DELETE FROM broker_queuedepthminute WHERE minute < now() - interval '{DEPTH_HISTORY}'
 """  # noqa: S608
@@ -163,14 +168,20 @@ ON CONFLICT (queue_id) DO UPDATE SET {_ADDED}
 
 def counters_fold() -> bool:
     """Fold every pending counter change committed so far into the counter
-    rows, in one transaction. False when another fold was under way (it
-    folds them)."""
+    rows, in one transaction, and about once a minute prune the depth
+    chart's rows older than ``DEPTH_HISTORY``. False when another fold was
+    under way (it folds them)."""
+    global _pruned_at
+    prune = time.monotonic() - _pruned_at >= PRUNE_EVERY_SECONDS
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [FOLD_LOCK_KEY])
         (locked,) = cursor.fetchone()
         if not locked:
             return False
         cursor.execute(_FOLD_DEPTHS_SQL)
-        cursor.execute(_PRUNE_DEPTHS_SQL)
+        if prune:
+            cursor.execute(_PRUNE_DEPTHS_SQL)
         cursor.execute(_FOLD_COUNTS_SQL)
+    if prune:
+        _pruned_at = time.monotonic()
     return True

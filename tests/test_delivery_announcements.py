@@ -1,0 +1,130 @@
+"""A courier with nothing to deliver waits for its queue to be announced
+(broker.services.delivery: a NOTIFY at the commit of whatever made messages
+due), so a message published meanwhile is claimed at once, without a
+wake-up task going through Redis; and it gives its process up when another
+queue is announced."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from django.db import connection, transaction
+
+from broker.models import Message, MessageState
+from broker.services.delivery import queue_courier
+from broker.services.publish import NewMessage, messages_publish
+from broker.services.queues import queue_create
+from rig.processes import Workers, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def publish(queue_name: str) -> None:
+    messages_publish(queue_name=queue_name, messages=[NewMessage(payload=b"{}")])
+
+
+def in_thread(work: Callable[[], None]) -> None:
+    """``work`` on a connection of its own, as another client would."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def delivered(queue_name: str) -> int:
+    return Message.objects.filter(queue__name=queue_name, state=MessageState.DELIVERED).count()
+
+
+def test_a_waiting_courier_hears_each_commit_and_nothing_rolled_back(db):
+    queue = queue_create(name="Q", consumer="noop")
+    other = queue_create(name="R", consumer="noop")
+
+    def rolled_back() -> None:
+        with transaction.atomic():
+            publish("Q")
+            transaction.set_rollback(True)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+            in_thread(lambda: publish("Q"))
+            assert courier.wait_announced(time.monotonic() + 5) == queue.id
+            in_thread(rolled_back)
+            assert courier.wait_announced(time.monotonic() + 0.5) is None
+            in_thread(lambda: publish("R"))
+            assert courier.wait_announced(time.monotonic() + 5) == other.id
+
+
+def test_one_courier_a_queue_waits(db):
+    queue = queue_create(name="Q", consumer="noop")
+    heard: list[bool] = []
+
+    def second_courier() -> None:
+        with queue_courier(queue_id=queue.id, worker="test:2") as courier:
+            assert courier is not None
+            with courier.listening() as listener:
+                heard.append(listener)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+            in_thread(second_courier)
+        in_thread(second_courier)
+
+    # Refused while the first waited; taken once it stopped.
+    assert heard == [False, True]
+
+
+@pytest.fixture
+def quiet_workers(start_workers: Callable[..., Workers]) -> Callable[..., Workers]:
+    """Workers whose delivery tasks wait 10 s for more, and whose dispatch
+    (the scan that wakes every queue with due messages) runs only at start."""
+
+    def start(concurrency: int = 2) -> Workers:
+        return start_workers(
+            concurrency=concurrency,
+            LAZARETTO_DELIVERY_TASK_SECONDS="10",
+            LAZARETTO_DISPATCH_INTERVAL_SECONDS="3600",
+        )
+
+    return start
+
+
+def test_a_message_published_while_a_worker_waits_needs_no_wake_up_task(quiet_workers, monkeypatch):
+    queue_create(name="Q", consumer="noop")
+    quiet_workers()
+    publish("Q")
+    wait_until(lambda: delivered("Q") == 1, timeout=30, what="the first message delivered")
+
+    # No wake-up task this time: only the announcement can bring it.
+    monkeypatch.setattr("workers.tasks.wake", lambda **kwargs: None)
+    publish("Q")
+
+    wait_until(lambda: delivered("Q") == 2, timeout=5, what="the second message delivered")
+
+
+def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers):
+    queue_create(name="Q", consumer="noop")
+    queue_create(name="R", consumer="noop")
+    # One process: while its task waits on Q, R's wake-up task waits for it.
+    quiet_workers(concurrency=1)
+    publish("Q")
+    wait_until(lambda: delivered("Q") == 1, timeout=30, what="Q's message delivered")
+
+    started = time.monotonic()
+    publish("R")
+    wait_until(lambda: delivered("R") == 1, timeout=30, what="R's message delivered")
+
+    # Well within the 10 s Q's task would otherwise have waited.
+    assert time.monotonic() - started < 5
