@@ -132,8 +132,10 @@ def deliver(queue_id: int) -> None:
             return
         delivered, announced = False, None
         with courier.listening() as listener:
-            # Listening from now on: look once more for what was announced before.
-            while listener and not _deliver_due(courier, budget_ends, suspects=True):
+            # Listening from now on: look once more for what was announced
+            # before. No probe for suspects on an announcement, one round trip
+            # less before the claim: the sweeper wakes a task for each suspect.
+            while listener and not _deliver_due(courier, budget_ends, suspects=False):
                 announced = courier.wait_announced(budget_ends)
                 if announced != queue_id:
                     break
@@ -197,6 +199,7 @@ def _sweep_messages() -> None:
     )
     for queue_id, suspects in result.suspects_by_queue.items():
         if queue_id in lease_seconds:
+            # A task waiting on another queue gives its process up to these.
             queue_announce(queue_id=queue_id)
             wake(
                 queue_id=queue_id,
