@@ -58,10 +58,14 @@ SAMPLE_TICK_SECONDS = 1.0
 # row vanishing: the latency is then known within half the time between two
 # lookups (the tick and the lookup's own time).
 GONE_TICK_SECONDS = 0.05
-# Mode none: the oldest pending samples looked up per tick. Every pending one
-# must be looked up each tick to date its ack; this covers 5 s of samples at
-# LATENCY_SAMPLES_PER_WINDOW, more than a steady phase keeps pending.
-GONE_LOOKUP_LIMIT = 1000
+# Mode none: the oldest pending samples looked up per tick (with those just
+# sampled, once, for their publish time). Messages are delivered about in id
+# order, so the acks are among the oldest; a backlog does not make the
+# lookups dearer (a primary key probe each, 20 to 30 times a second) and
+# slow the deliveries it measures. Half a second of samples at
+# LATENCY_SAMPLES_PER_WINDOW: more than a steady phase that keeps up leaves
+# pending.
+GONE_LOOKUP_LIMIT = 100
 RETENTIONS = ("full", "headers", "none")
 # About this many latency samples per window: one published message in k is
 # followed, k chosen from the rate (every message below 200 msgs/s).
@@ -150,6 +154,14 @@ FROM unnest(%(ids)s::bigint[]) AS s(id)
 # Mode none, after the run: rows of the delivered partition, which nothing
 # should have written.
 DELIVERED_ROWS_SQL = "SELECT count(*) FROM broker_message WHERE state = 'DLVD'"
+# Checkpoints the cluster has started, timed and requested (a CHECKPOINT,
+# or a CREATE or DROP DATABASE of anyone on the cluster: each writes out what
+# is dirty and, with full_page_writes, makes the next change of every page
+# log it whole). PostgreSQL 17 moved them to pg_stat_checkpointer.
+CHECKPOINTS_SQL = {
+    False: "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
+    True: "SELECT num_timed, num_requested FROM pg_stat_checkpointer",
+}
 # The idle transaction: an xid of its own, and a read of broker_message.
 IDLE_TXN_SQL = (
     "SELECT txid_current(), pg_backend_pid(), (SELECT count(*) FROM "
@@ -340,6 +352,9 @@ class Sample:
     # 2, something waits for a CPU).
     loadavg_1m: float = 0.0
     relations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Checkpoints the cluster started in the window (timed and requested).
+    checkpoints_timed: int = 0
+    checkpoints_requested: int = 0
 
     @property
     def start(self) -> float:
@@ -601,6 +616,8 @@ def build_samples(
                 published_per_s=round((after.published - before.published) / seconds, 1),
                 acked_per_s=round((after.acked - before.acked) / seconds, 1),
                 latency_samples=len(values),
+                checkpoints_timed=after.checkpoints[0] - before.checkpoints[0],
+                checkpoints_requested=after.checkpoints[1] - before.checkpoints[1],
                 **figures,
             )
         )
@@ -623,6 +640,8 @@ class Reading:
     backlog: int
     relations: dict[str, dict[str, Any]]
     loadavg_1m: float = 0.0
+    # The cluster's checkpoints so far: (timed, requested).
+    checkpoints: tuple[int, int] = (0, 0)
 
     @property
     def dead_tuples(self) -> int:
@@ -635,6 +654,12 @@ class Reading:
     @property
     def table_bytes(self) -> int:
         return sum(int(rel["bytes"]) for rel in self.relations.values())
+
+
+def read_checkpoints(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The cluster's checkpoints so far: (timed, requested)."""
+    row = conn.execute(CHECKPOINTS_SQL[conn.info.server_version >= 170000]).fetchone()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
 def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
@@ -817,19 +842,24 @@ class LatencySampler(threading.Thread):
         self.publisher.handed.wait(self.tick)
         self.publisher.handed.clear()  # before take(): a later hand-over sets it again
 
-    def take(self) -> None:
+    def take(self) -> list[int]:
         """The messages the publisher sampled since the last call."""
+        taken = []
         for message_id, began in self.publisher.take_sampled():
-            self.pending.append(message_id)
+            taken.append(message_id)
             if self.gone:
                 self.followed[message_id] = Followed(published=began, last_seen=began)
+        self.pending += taken
+        return taken
 
     def sample(self, conn: psycopg.Connection[Any], limit: int) -> int:
-        """Look up the oldest ``limit`` pending messages; returns how many
-        were acked."""
-        self.take()
+        """Look up the oldest ``limit`` pending messages (in mode none, and
+        those just sampled); returns how many were acked."""
+        taken = self.take()
         self.most_pending = max(self.most_pending, len(self.pending))
         oldest = self.pending[:limit]
+        if self.gone and len(self.pending) > limit:
+            oldest += taken[max(0, limit - len(self.pending) + len(taken)) :]
         if not oldest:
             return 0
         began = time.perf_counter()
@@ -839,7 +869,8 @@ class LatencySampler(threading.Thread):
         self.query_seconds += seconds
         self.longest_query_s = max(self.longest_query_s, seconds)
         acks = self.vanished(rows) if self.gone else {row[0]: (row[1], row[2]) for row in rows}
-        self.pending[:limit] = [message_id for message_id in oldest if message_id not in acks]
+        if acks:
+            self.pending = [message_id for message_id in self.pending if message_id not in acks]
         with self.lock:
             self.acks += acks.values()
         return len(acks)
@@ -1101,6 +1132,7 @@ class Clock:
             backlog=depth.get("TBDL", 0) + depth.get("DLNG", 0),
             relations=relations,
             loadavg_1m=round(os.getloadavg()[0], 2),
+            checkpoints=read_checkpoints(self.conn),
         )
 
 
@@ -1436,6 +1468,7 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
             "mean": round(sum(sample.loadavg_1m for sample in samples) / len(samples), 2),
             "max": max(sample.loadavg_1m for sample in samples),
         },
+        "checkpoints": checkpoint_figures(samples, recovery),
         "code": code_version(),
     }
 
@@ -1526,6 +1559,19 @@ def recovery_figures(recovery: Recovery) -> dict[str, Any]:
     }
 
 
+def checkpoint_figures(samples: Sequence[Sample], recovery: Recovery) -> dict[str, Any]:
+    """The cluster's checkpoints during the run, timed and requested (by
+    anyone on the cluster), and those in the window the recovery checks."""
+    checked = [sample for sample in samples if sample.start == recovery.check_t]
+    return {
+        "timed": sum(sample.checkpoints_timed for sample in samples),
+        "requested": sum(sample.checkpoints_requested for sample in samples),
+        "in_recovery_check_window": sum(
+            sample.checkpoints_timed + sample.checkpoints_requested for sample in checked
+        ),
+    }
+
+
 def code_version() -> dict[str, Any]:
     """The commit measured, and whether the work tree differed from it."""
 
@@ -1579,6 +1625,11 @@ def print_report(run: Run) -> None:
     print(
         f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
     )
+    checkpoints = figures["checkpoints"]
+    print(
+        f"checkpoints on the cluster: {checkpoints['timed']} timed, {checkpoints['requested']} "
+        f"requested; {checkpoints['in_recovery_check_window']} in the window the recovery checks"
+    )
     print(f"time series: {figures['series_file']}")
     harness.print_figures(figures)
 
@@ -1616,10 +1667,11 @@ def print_phases(run: Run) -> None:
                     max(sample.dead_tuples for sample in samples),
                     max(sample.backlog for sample in samples),
                     f"{samples[-1].table_bytes / 1e6:.1f}",
+                    sum(s.checkpoints_timed + s.checkpoints_requested for s in samples),
                 ]
             )
     header = ["phase", "pub/s", "acked/s", "p50 ms", "p95 ms", "p99 ms", "max dead"]
-    harness.table([*header, "max backlog", "MB at end"], rows)
+    harness.table([*header, "max backlog", "MB at end", "checkpoints"], rows)
 
 
 def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | None]) -> None:

@@ -475,3 +475,61 @@ def test_in_mode_none_the_sampler_finds_the_acks_on_the_database() -> None:
     for at, latency in sampler.acks:
         assert began < at < time.time()
         assert 0 < latency < 60
+
+
+class Lookups:
+    """A connection that answers GONE_SQL: the ids in ``live`` are live
+    (published at 100.0), the rest gone; each lookup at ``now``."""
+
+    def __init__(self, live: set[int], now: float) -> None:
+        self.live, self.now = live, now
+        self.asked: list[list[int]] = []
+
+    def execute(self, query: str, params: dict[str, list[int]]) -> Lookups:
+        assert query == soak.GONE_SQL
+        self.asked.append(list(params["ids"]))
+        self.rows = [
+            (message_id, 100.0 if message_id in self.live else None, self.now)
+            for message_id in params["ids"]
+        ]
+        return self
+
+    def fetchall(self) -> list[tuple[int, float | None, float]]:
+        return self.rows
+
+
+def test_in_mode_none_a_backlog_is_looked_up_at_its_head_and_just_sampled() -> None:
+    publisher = HandOver()
+    sampler = none_sampler(publisher)
+    conn = Lookups(live={1, 2, 3, 4, 5}, now=101.0)
+    publisher.sampled = [(1, 99.0), (2, 99.0), (3, 99.0)]
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+    publisher.sampled = [(4, 99.5), (5, 99.5)]
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+    conn.live, conn.now = {1, 3, 4, 5}, 101.2  # 2 acked out of order
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+
+    assert conn.asked == [[1, 2, 3], [1, 2, 4, 5], [1, 2]]
+    assert sampler.pending == [1, 3, 4, 5]
+    # 2 was last found at 101.0, gone at 101.2; published at 100.0.
+    assert sampler.acks == [pytest.approx((101.1, 1.1))]
+
+
+def test_checkpoints_are_counted_per_window_and_in_the_recovery_check() -> None:
+    readings = [
+        Reading(t=0.0, published=0, acked=0, backlog=0, relations={}, checkpoints=(5, 10)),
+        Reading(t=10.0, published=10, acked=10, backlog=0, relations={}, checkpoints=(5, 12)),
+        Reading(t=20.0, published=20, acked=20, backlog=0, relations={}, checkpoints=(6, 12)),
+    ]
+    windows = [Window("steady", 0, 10), Window("recovery", 10, 20)]
+    first, second = soak.build_samples(windows, readings, [[], []])
+    assert (first.checkpoints_timed, first.checkpoints_requested) == (0, 2)
+    assert (second.checkpoints_timed, second.checkpoints_requested) == (1, 0)
+    recovery = soak.Recovery(
+        None, check_t=10.0, check_p99_ms=None, recovered_after_s=None, idle_max_p99_ms=None
+    )
+    assert soak.checkpoint_figures([first, second], recovery) == {
+        "timed": 1,
+        "requested": 2,
+        "in_recovery_check_window": 1,
+    }
