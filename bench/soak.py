@@ -162,6 +162,14 @@ CHECKPOINTS_SQL = {
     False: "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
     True: "SELECT num_timed, num_requested FROM pg_stat_checkpointer",
 }
+# The oldest snapshot held in the bench database (seconds since its
+# transaction began): what keeps VACUUM from removing dead tuples. The idle
+# transaction's in its phase; afterwards, anything long is something else.
+OLDEST_SNAPSHOT_SQL = """
+SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)::float8
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+"""
 # The idle transaction: an xid of its own, and a read of broker_message.
 IDLE_TXN_SQL = (
     "SELECT txid_current(), pg_backend_pid(), (SELECT count(*) FROM "
@@ -355,6 +363,9 @@ class Sample:
     # Checkpoints the cluster started in the window (timed and requested).
     checkpoints_timed: int = 0
     checkpoints_requested: int = 0
+    # Seconds since the oldest snapshot in the bench database was taken, at
+    # the window's end.
+    oldest_snapshot_s: float = 0.0
 
     @property
     def start(self) -> float:
@@ -627,7 +638,15 @@ def build_samples(
 # --- readings ----------------------------------------------------------------------------
 
 # What a sample takes from the reading at its window's end.
-READING_FIELDS = ["dead_tuples", "live_tuples", "table_bytes", "backlog", "loadavg_1m", "relations"]
+READING_FIELDS = [
+    "dead_tuples",
+    "live_tuples",
+    "table_bytes",
+    "backlog",
+    "loadavg_1m",
+    "relations",
+    "oldest_snapshot_s",
+]
 
 
 @dataclass(frozen=True)
@@ -642,6 +661,7 @@ class Reading:
     loadavg_1m: float = 0.0
     # The cluster's checkpoints so far: (timed, requested).
     checkpoints: tuple[int, int] = (0, 0)
+    oldest_snapshot_s: float = 0.0
 
     @property
     def dead_tuples(self) -> int:
@@ -660,6 +680,11 @@ def read_checkpoints(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     """The cluster's checkpoints so far: (timed, requested)."""
     row = conn.execute(CHECKPOINTS_SQL[conn.info.server_version >= 170000]).fetchone()
     return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def read_oldest_snapshot(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute(OLDEST_SNAPSHOT_SQL).fetchone()
+    return 0.0 if row is None else round(float(row[0]), 1)
 
 
 def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
@@ -1133,6 +1158,7 @@ class Clock:
             relations=relations,
             loadavg_1m=round(os.getloadavg()[0], 2),
             checkpoints=read_checkpoints(self.conn),
+            oldest_snapshot_s=read_oldest_snapshot(self.conn),
         )
 
 
@@ -1145,6 +1171,7 @@ def describe(reading: Reading, before: Reading, window: Window, p99_ms: float | 
         f"acked {(reading.acked - before.acked) / seconds:6.0f}/s "
         f"backlog {reading.backlog:7d}  dead {reading.dead_tuples:8d} "
         f"live {reading.live_tuples:8d}  {reading.table_bytes / 1e6:7.1f} MB  "
+        f"oldest snapshot {reading.oldest_snapshot_s:5.0f} s  "
         f"p99 {p99} (acks seen so far)"
     )
 
@@ -1450,6 +1477,12 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
         "steady_latency_ms": steady_latency,
         "idle_max_p99_ms": recovery.idle_max_p99_ms,
         "idle_max_backlog": max((sample.backlog for sample in idle), default=None),
+        # Anything but the idle transaction holding a snapshot this long
+        # after it ended keeps VACUUM from recovering.
+        "recovery_max_oldest_snapshot_s": max(
+            (sample.oldest_snapshot_s for sample in phase_samples(samples, "recovery")),
+            default=None,
+        ),
         **dead_tuple_figures(samples, dead),
         "backlog_at_end": run.backlog_at_end,
         "backlog_drained_s": round(run.backlog_drained_s, 1),

@@ -519,12 +519,21 @@ def test_checkpoints_are_counted_per_window_and_in_the_recovery_check() -> None:
     readings = [
         Reading(t=0.0, published=0, acked=0, backlog=0, relations={}, checkpoints=(5, 10)),
         Reading(t=10.0, published=10, acked=10, backlog=0, relations={}, checkpoints=(5, 12)),
-        Reading(t=20.0, published=20, acked=20, backlog=0, relations={}, checkpoints=(6, 12)),
+        Reading(
+            t=20.0,
+            published=20,
+            acked=20,
+            backlog=0,
+            relations={},
+            checkpoints=(6, 12),
+            oldest_snapshot_s=12.5,
+        ),
     ]
     windows = [Window("steady", 0, 10), Window("recovery", 10, 20)]
     first, second = soak.build_samples(windows, readings, [[], []])
     assert (first.checkpoints_timed, first.checkpoints_requested) == (0, 2)
     assert (second.checkpoints_timed, second.checkpoints_requested) == (1, 0)
+    assert second.oldest_snapshot_s == 12.5
     recovery = soak.Recovery(
         None, check_t=10.0, check_p99_ms=None, recovered_after_s=None, idle_max_p99_ms=None
     )
