@@ -162,13 +162,24 @@ CHECKPOINTS_SQL = {
     False: "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
     True: "SELECT num_timed, num_requested FROM pg_stat_checkpointer",
 }
-# The oldest snapshot held in the bench database (seconds since its
-# transaction began): what keeps VACUUM from removing dead tuples. The idle
-# transaction's in its phase; afterwards, anything long is something else.
-OLDEST_SNAPSHOT_SQL = """
-SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)::float8
-FROM pg_stat_activity
-WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+# What keeps VACUUM from removing dead tuples in the bench database: the
+# oldest transaction holding a snapshot or an xid there (seconds since it
+# began, and what it is), and how many xids old the xmin of an autovacuum
+# worker vacuuming there is (NULL: none at work). The idle transaction is the
+# oldest in its phase; afterwards, anything long is something else.
+HORIZON_SQL = """
+SELECT coalesce(extract(epoch FROM now() - o.xact_start), 0)::float8,
+       coalesce(o.backend_type || ' ' || o.state || ': ' || left(o.query, 80), ''),
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity
+        WHERE datname = current_database() AND backend_type = 'autovacuum worker')
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT xact_start, backend_type, state, query FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_type <> 'autovacuum worker'
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+    ORDER BY xact_start LIMIT 1
+) AS o ON true
 """
 # The idle transaction: an xid of its own, and a read of broker_message.
 IDLE_TXN_SQL = (
@@ -363,9 +374,12 @@ class Sample:
     # Checkpoints the cluster started in the window (timed and requested).
     checkpoints_timed: int = 0
     checkpoints_requested: int = 0
-    # Seconds since the oldest snapshot in the bench database was taken, at
-    # the window's end.
+    # At the window's end, in the bench database: seconds since the oldest
+    # transaction holding a snapshot or an xid began, and what it is (when
+    # over HOLDER_SECONDS); the xid age of a working autovacuum's xmin.
     oldest_snapshot_s: float = 0.0
+    oldest_holder: str = ""
+    vacuum_xmin_age: int | None = None
 
     @property
     def start(self) -> float:
@@ -646,7 +660,11 @@ READING_FIELDS = [
     "loadavg_1m",
     "relations",
     "oldest_snapshot_s",
+    "oldest_holder",
+    "vacuum_xmin_age",
 ]
+# An oldest transaction older than this is named in the sample.
+HOLDER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -662,6 +680,8 @@ class Reading:
     # The cluster's checkpoints so far: (timed, requested).
     checkpoints: tuple[int, int] = (0, 0)
     oldest_snapshot_s: float = 0.0
+    oldest_holder: str = ""
+    vacuum_xmin_age: int | None = None
 
     @property
     def dead_tuples(self) -> int:
@@ -682,9 +702,15 @@ def read_checkpoints(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
-def read_oldest_snapshot(conn: psycopg.Connection[Any]) -> float:
-    row = conn.execute(OLDEST_SNAPSHOT_SQL).fetchone()
-    return 0.0 if row is None else round(float(row[0]), 1)
+def read_horizon(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """HORIZON_SQL's figures, as Reading's fields."""
+    row = conn.execute(HORIZON_SQL).fetchone()
+    seconds, holder, vacuum_age = row if row else (0.0, "", None)
+    return {
+        "oldest_snapshot_s": round(float(seconds), 1),
+        "oldest_holder": holder if seconds >= HOLDER_SECONDS else "",
+        "vacuum_xmin_age": None if vacuum_age is None else int(vacuum_age),
+    }
 
 
 def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
@@ -1158,7 +1184,7 @@ class Clock:
             relations=relations,
             loadavg_1m=round(os.getloadavg()[0], 2),
             checkpoints=read_checkpoints(self.conn),
-            oldest_snapshot_s=read_oldest_snapshot(self.conn),
+            **read_horizon(self.conn),
         )
 
 
@@ -1171,7 +1197,8 @@ def describe(reading: Reading, before: Reading, window: Window, p99_ms: float | 
         f"acked {(reading.acked - before.acked) / seconds:6.0f}/s "
         f"backlog {reading.backlog:7d}  dead {reading.dead_tuples:8d} "
         f"live {reading.live_tuples:8d}  {reading.table_bytes / 1e6:7.1f} MB  "
-        f"oldest snapshot {reading.oldest_snapshot_s:5.0f} s  "
+        f"oldest xact {reading.oldest_snapshot_s:4.0f} s vacuum xmin age "
+        f"{'-' if reading.vacuum_xmin_age is None else reading.vacuum_xmin_age}  "
         f"p99 {p99} (acks seen so far)"
     )
 
@@ -1482,6 +1509,9 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
         "recovery_max_oldest_snapshot_s": max(
             (sample.oldest_snapshot_s for sample in phase_samples(samples, "recovery")),
             default=None,
+        ),
+        "recovery_holders": sorted(
+            {s.oldest_holder for s in phase_samples(samples, "recovery") if s.oldest_holder}
         ),
         **dead_tuple_figures(samples, dead),
         "backlog_at_end": run.backlog_at_end,

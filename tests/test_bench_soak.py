@@ -527,13 +527,16 @@ def test_checkpoints_are_counted_per_window_and_in_the_recovery_check() -> None:
             relations={},
             checkpoints=(6, 12),
             oldest_snapshot_s=12.5,
+            oldest_holder="client backend idle in transaction: SELECT 1",
+            vacuum_xmin_age=4000,
         ),
     ]
     windows = [Window("steady", 0, 10), Window("recovery", 10, 20)]
     first, second = soak.build_samples(windows, readings, [[], []])
     assert (first.checkpoints_timed, first.checkpoints_requested) == (0, 2)
     assert (second.checkpoints_timed, second.checkpoints_requested) == (1, 0)
-    assert second.oldest_snapshot_s == 12.5
+    assert (second.oldest_snapshot_s, second.vacuum_xmin_age) == (12.5, 4000)
+    assert second.oldest_holder.startswith("client backend idle in transaction")
     recovery = soak.Recovery(
         None, check_t=10.0, check_p99_ms=None, recovered_after_s=None, idle_max_p99_ms=None
     )
