@@ -12,8 +12,9 @@ a delivered message (delivered_retention). Progress is the queues'
 delivered counter, which the ack writes in every mode. A sampled message's
 latency is its DLVD row's (updated_at - created_at) where the row is kept;
 in mode none, where the ack deletes it, the sampler looks its messages up
-every GONE_TICK_SECONDS and takes the ack as the midpoint between the last
-lookup that found it live and the first that did not.
+every GONE_TICK_SECONDS (and after each publish call that sampled some) and
+takes the ack as the midpoint between the last lookup that found it live and
+the first that did not.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ SAMPLE_TICK_SECONDS = 1.0
 GONE_TICK_SECONDS = 0.05
 # Mode none: the oldest pending samples looked up per tick (with those just
 # sampled, once, for their publish time). Messages are delivered about in id
-# order, so the acks are among the oldest; a backlog does not make the
-# lookups dearer (a primary key probe each, 20 to 30 times a second) and
-# slow the deliveries it measures. Half a second of samples at
+# order, so the acks are among the oldest; and a backlog cannot make the
+# lookups (a primary key probe each, 20 to 30 times a second) dearer, and so
+# slow the deliveries they measure. Half a second of samples at
 # LATENCY_SAMPLES_PER_WINDOW: more than a steady phase that keeps up leaves
 # pending.
 GONE_LOOKUP_LIMIT = 100
@@ -154,10 +155,10 @@ FROM unnest(%(ids)s::bigint[]) AS s(id)
 # Mode none, after the run: rows of the delivered partition, which nothing
 # should have written.
 DELIVERED_ROWS_SQL = "SELECT count(*) FROM broker_message WHERE state = 'DLVD'"
-# Checkpoints the cluster has started, timed and requested (a CHECKPOINT,
-# or a CREATE or DROP DATABASE of anyone on the cluster: each writes out what
-# is dirty and, with full_page_writes, makes the next change of every page
-# log it whole). PostgreSQL 17 moved them to pg_stat_checkpointer.
+# Checkpoints the cluster has started, timed and requested (a CHECKPOINT or
+# a DROP DATABASE, by anyone on the cluster): each writes out what is dirty
+# and, with full_page_writes, makes the next change of every page log it
+# whole. PostgreSQL 17 moved them to pg_stat_checkpointer.
 CHECKPOINTS_SQL = {
     False: "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
     True: "SELECT num_timed, num_requested FROM pg_stat_checkpointer",
@@ -919,14 +920,14 @@ class LatencySampler(threading.Thread):
         self.queries += 1
         self.query_seconds += seconds
         self.longest_query_s = max(self.longest_query_s, seconds)
-        acks = self.vanished(rows) if self.gone else {row[0]: (row[1], row[2]) for row in rows}
+        acks = self.gone_acks(rows) if self.gone else {row[0]: (row[1], row[2]) for row in rows}
         if acks:
             self.pending = [message_id for message_id in self.pending if message_id not in acks]
         with self.lock:
             self.acks += acks.values()
         return len(acks)
 
-    def vanished(
+    def gone_acks(
         self, rows: Sequence[tuple[int, float | None, float]]
     ) -> dict[int, tuple[float, float]]:
         """Mode none: the lookup's rows (id, publish time or None when the

@@ -401,11 +401,11 @@ def test_in_mode_none_an_ack_is_dated_by_the_lookups_around_it() -> None:
     publisher.sampled = [(1, 99.99), (2, 99.99)]
     sampler.take()
     # The first lookup finds 1 live (published at 100.0) and 2 gone already.
-    acks = sampler.vanished([(1, 100.0, 100.05), (2, None, 100.05)])
+    acks = sampler.gone_acks([(1, 100.0, 100.05), (2, None, 100.05)])
     assert acks == {2: pytest.approx((100.02, 0.03))}
     assert sampler.acked_unseen == 1
     # The next finds 1 gone: acked between 100.05 and 100.11.
-    acks = sampler.vanished([(1, None, 100.11)])
+    acks = sampler.gone_acks([(1, None, 100.11)])
     assert acks == {1: pytest.approx((100.08, 0.08))}
     assert sampler.uncertainty == pytest.approx([0.03, 0.03])
     assert sampler.acked_unseen == 1
