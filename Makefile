@@ -39,6 +39,8 @@ LAZARETTO_TEST_DB_PROFILE ?= fast
 # pytest-xdist workers: the suite runs on this many processes, a test file
 # at a time on each (--dist loadfile), each with its own test database.
 PYTEST_WORKERS ?= 2
+# bench-soak's delivered_retention for every queue it makes: full, headers or none.
+RETENTION ?= full
 
 .PHONY: help venv services stop test run run-ha lint fmt fuzz bench bench-peers bench-soak clean
 
@@ -55,6 +57,7 @@ help:
 	echo "make bench     run every bench (python -m bench.NAME) but the long peers and soak runs"
 	echo "make bench-peers  each retention mode beside PGMQ (archive, delete) and PgQueuer; Procrastinate, Celery alone, the bare loop"
 	echo "make bench-soak   ten minutes at 70 % of the drain rate, then an idle transaction and the recovery"
+	echo "                  (RETENTION=full|headers|none: what its queues keep of a delivered message; full)"
 	echo "make clean     stop services and remove var/"
 
 venv: $(STAMP)
@@ -136,7 +139,7 @@ bench-peers: venv services
 
 bench-soak: venv services
 	@$(load_env)
-	$(PY) -m bench.soak
+	$(PY) -m bench.soak --retention "$(RETENTION)"
 
 clean:
 	@$(SERVICES) stop

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from bench._harness import (
+    DELIVERED_SQL,
     DEPTH_SQL,
     PRODUCTION_ENV,
     BenchError,
     batch_sizes,
+    delivered,
     depths,
     log,
     make_payload,
@@ -46,9 +48,13 @@ CHECK_TASKS_SECONDS = 1.0
 TASK_FAILED = "raised unexpected"
 
 OUTCOME_SQL = """
-SELECT count(*) FILTER (WHERE state = 'DLVD'), count(*) FILTER (WHERE attempts > 1), count(*)
+SELECT count(*) FILTER (WHERE state = 'DLVD'),
+       count(*) FILTER (WHERE state = 'DLVD' AND payload IS NULL),
+       count(*) FILTER (WHERE attempts > 1),
+       count(*)
 FROM broker_message WHERE queue_id = %s
 """
+LIVE_STATES = ("TBDL", "DLNG", "NDLV", "FAIL")
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,15 @@ class Bench:
 
 
 def make_queue(
-    name: str, *, consumer: str, batch_size: int, size: int, paused: bool = False
+    name: str,
+    *,
+    consumer: str,
+    batch_size: int,
+    size: int,
+    paused: bool = False,
+    retention: str = "full",
 ) -> Queue:
+    """A queue through the service; ``retention`` is its delivered_retention."""
     from broker.services.queues import queue_create
 
     return queue_create(
@@ -77,6 +90,7 @@ def make_queue(
         batch_size=batch_size,
         max_payload_bytes=max(size, 1024 * 1024),
         paused=paused,
+        delivered_retention=retention,
     )
 
 
@@ -241,21 +255,39 @@ def check_tasks(workers: Workers) -> None:
             raise BenchError(f"celery: a task failed in the {name} worker:\n{text[at : at + 2000]}")
 
 
+def acknowledged(conn: psycopg.Connection[Any], queue_id: int, *, counted: bool) -> int:
+    """Messages acknowledged on the queue: its delivered counter when
+    ``counted`` (right whatever the queue keeps), else its DLVD depth."""
+    if counted:
+        return delivered(conn, queue_id)
+    return depths(conn, queue_id).get("DLVD", 0)
+
+
 def wait_all_delivered(
-    conn: psycopg.Connection[Any], queue_id: int, count: int, workers: Workers
+    conn: psycopg.Connection[Any],
+    queue_id: int,
+    count: int,
+    workers: Workers,
+    *,
+    counted: bool = False,
 ) -> float:
-    """perf_counter() when the queue's DLVD counter reaches ``count``; fails
-    when it stops moving for STALL_TIMEOUT_SECONDS or a task fails."""
-    delivered, moved, checked = -1, time.perf_counter(), time.perf_counter()
+    """perf_counter() when the queue's DLVD depth (with ``counted``, its
+    delivered counter) reaches ``count``; fails when it stops moving for
+    STALL_TIMEOUT_SECONDS or a task fails."""
+    seen, moved, checked = -1, time.perf_counter(), time.perf_counter()
     while True:
-        depth = depths(conn, queue_id)
+        done = acknowledged(conn, queue_id, counted=counted)
         now = time.perf_counter()
-        if depth.get("DLVD", 0) >= count:
+        if done >= count:
             return now
-        if depth.get("DLVD", 0) != delivered:
-            delivered, moved = depth.get("DLVD", 0), now
+        if done != seen:
+            seen, moved = done, now
         elif now - moved > STALL_TIMEOUT_SECONDS:
-            raise BenchError(f"celery: delivery stalled for {STALL_TIMEOUT_SECONDS:.0f}s: {depth}")
+            depth = depths(conn, queue_id)
+            raise BenchError(
+                f"celery: delivery stalled for {STALL_TIMEOUT_SECONDS:.0f}s at {done} of "
+                f"{count}: {depth}"
+            )
         if now - checked > CHECK_TASKS_SECONDS:
             check_tasks(workers)
             checked = now
@@ -263,49 +295,82 @@ def wait_all_delivered(
 
 
 def drain_paused_queue(
-    conn: psycopg.Connection[Any], workers: Workers, queue: Queue, count: int
+    conn: psycopg.Connection[Any],
+    workers: Workers,
+    queue: Queue,
+    count: int,
+    *,
+    counted: bool = False,
 ) -> tuple[float, float]:
     """Unpause the queue (the Celery processes all run) and time them
     draining it. Returns (seconds from the first claim to all ``count`` DLVD,
-    seconds from unpausing to that first claim)."""
+    or with ``counted`` acknowledged by the delivered counter, seconds from
+    unpausing to that first claim)."""
     from broker.services.queues import queue_update
 
     queue_update(queue=queue, paused=False)  # the next dispatch tick wakes it
     released = time.perf_counter()
     first = wait_first_claim(conn, queue.id, count)
-    done = wait_all_delivered(conn, queue.id, count, workers)
+    done = wait_all_delivered(conn, queue.id, count, workers, counted=counted)
     check_tasks(workers)
     log(f"celery: {count} messages in {done - first:.2f}s (first claim {first - released:.2f}s)")
     return done - first, first - released
 
 
-def run_celery(bench: Bench, queue: Queue, count: int) -> tuple[float, float]:
-    """Start the Celery processes and time them draining the paused queue."""
+def run_celery(
+    bench: Bench, queue: Queue, count: int, *, counted: bool = False
+) -> tuple[float, float]:
+    """Start the Celery processes and time them draining the paused queue
+    (``counted``: drain_paused_queue's)."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
         celery_processes(bench, Path(directory)) as workers,
     ):
-        return drain_paused_queue(conn, workers, queue, count)
+        return drain_paused_queue(conn, workers, queue, count, counted=counted)
 
 
-def verify_delivered(queue: Queue, expected: int, path: str) -> None:
-    """Every message of the queue is DLVD, in the table and in the counters."""
+def expected_kept(retention: str, count: int) -> tuple[int, int, int]:
+    """(DLVD rows, of them without a payload, rows in all) a queue of
+    ``count`` acknowledged messages holds in delivered_retention mode
+    ``retention``."""
+    if retention == "none":
+        return 0, 0, 0
+    return count, count if retention == "headers" else 0, count
+
+
+def verify_delivered(queue: Queue, expected: int, path: str, *, counted: bool = False) -> None:
+    """Every message of the queue was acknowledged, and the queue kept what
+    its delivered_retention keeps: in modes full and headers every message
+    is DLVD (in headers without its payload) in the table and the depth
+    counters; in mode none the queue has no row left, live or delivered. In
+    mode none, and with ``counted`` in every mode, the delivered counter
+    says ``expected`` too (the bare ack counts nothing)."""
     from django.db import connection
 
+    retention = queue.delivered_retention
     with connection.cursor() as cursor:
         cursor.execute(OUTCOME_SQL, [queue.id])
         row = cursor.fetchone()
         cursor.execute(DEPTH_SQL, [queue.id])
         depth: dict[str, int] = dict(cursor.fetchall())
-    delivered, redelivered, rows = row if row else (None, None, None)
-    live = sum(depth.get(state, 0) for state in ("TBDL", "DLNG", "NDLV", "FAIL"))
-    if delivered != expected or rows != expected or depth.get("DLVD") != expected or live:
+        cursor.execute(DELIVERED_SQL, [queue.id])
+        total = cursor.fetchone()
+    dlvd, without_payload, redelivered, rows = row if row else (None, None, None, None)
+    acknowledged = int(total[0]) if total and total[0] is not None else 0
+    live = sum(depth.get(state, 0) for state in LIVE_STATES)
+    kept = expected_kept(retention, expected)
+    if (dlvd, without_payload, rows) != kept or depth.get("DLVD", 0) != kept[0] or live:
         raise BenchError(
-            f"{path}: expected {expected} DLVD messages; table has {delivered} of {rows}, "
-            f"counters say {depth}"
+            f"{path}: expected (DLVD, without payload, rows) {kept} in mode {retention}; the "
+            f"table has {(dlvd, without_payload, rows)}, the counters say {depth}"
         )
+    if (counted or retention == "none") and acknowledged != expected:
+        raise BenchError(f"{path}: expected {expected} delivered; the counter says {acknowledged}")
+    if retention == "none":
+        log(f"{path}: verified {acknowledged} delivered (counter), no row left (mode none)")
+        return
     log(
-        f"{path}: verified {delivered} DLVD (rows and counters), "
+        f"{path}: verified {dlvd} DLVD (rows and counters) in mode {retention}, "
         f"{redelivered} delivered more than once"
     )

@@ -46,6 +46,11 @@ BENCH_DIR = ROOT / "var" / "bench"
 # production: DEBUG off, so Django keeps no query log, and so they need a key.
 PRODUCTION_ENV = {"DEBUG": "0", "SECRET_KEY": "bench-only-key"}
 DEPTH_SQL = "SELECT state, count FROM broker_queuedepth_current WHERE queue_id = %s"
+# Messages acknowledged on the queue: the ack counts them in its own
+# statement whatever the queue keeps of them, where the DLVD depth counts the
+# rows kept (none when its delivered_retention is "none"). The bare ack is
+# not counted.
+DELIVERED_SQL = "SELECT delivered FROM broker_queuetotal_current WHERE queue_id = %s"
 CONTENT_TYPE = "text/plain"
 HEADERS = {"source": "bench", "kind": "publish"}
 # What run_bench read on the bench database; print_figures adds it to the JSON.
@@ -294,6 +299,12 @@ def make_queue(name: str, size: int, **limits: Any) -> QueueRef:
 def depths(conn: psycopg.Connection[Any], queue_id: int) -> dict[str, int]:
     """The queue's depth counters by state."""
     return dict(conn.execute(DEPTH_SQL, [queue_id]).fetchall())
+
+
+def delivered(conn: psycopg.Connection[Any], queue_id: int) -> int:
+    """The queue's delivered counter (DELIVERED_SQL)."""
+    row = conn.execute(DELIVERED_SQL, [queue_id]).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
 
 
 def batch_sizes(total: int, batch: int) -> list[int]:

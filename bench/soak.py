@@ -6,10 +6,20 @@ The base rate is the drain measured while publishing (idle with
 70 % of the idle rate would be more than it can deliver while it also
 publishes. The time series goes to var/bench/soak-<UTC>.json and
 var/bench/soak-latest.json.
+
+--retention full|headers|none makes every queue of the run keep that much of
+a delivered message (delivered_retention). Progress is the queues'
+delivered counter, which the ack writes in every mode. A sampled message's
+latency is its DLVD row's (updated_at - created_at) where the row is kept;
+in mode none, where the ack deletes it, the sampler looks its messages up
+every GONE_TICK_SECONDS (and after each publish call that sampled some) and
+takes the ack as the midpoint between the last lookup that found it live and
+the first that did not.
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import dataclasses
 import math
@@ -42,8 +52,22 @@ WINDOW_SECONDS = 10.0
 # The publisher publishes what is due every tick, in calls of at most 1000.
 PUBLISH_TICK_SECONDS = 0.1
 PUBLISH_BATCH_LIMIT = 1000
-# The latency sampler looks up its pending messages once a second.
+# The latency sampler looks up its pending messages once a second where the
+# ack keeps a DLVD row (whose updated_at is the ack's time)...
 SAMPLE_TICK_SECONDS = 1.0
+# ... and every 50 ms in mode none, where a message's ack is seen only as its
+# row vanishing: the latency is then known within half the time between two
+# lookups (the tick and the lookup's own time).
+GONE_TICK_SECONDS = 0.05
+# Mode none: the oldest pending samples looked up per tick (with those just
+# sampled, once, for their publish time). Messages are delivered about in id
+# order, so the acks are among the oldest; and a backlog cannot make the
+# lookups (a primary key probe each, 20 to 30 times a second) dearer, and so
+# slow the deliveries they measure. Half a second of samples at
+# LATENCY_SAMPLES_PER_WINDOW: more than a steady phase that keeps up leaves
+# pending.
+GONE_LOOKUP_LIMIT = 100
+RETENTIONS = ("full", "headers", "none")
 # About this many latency samples per window: one published message in k is
 # followed, k chosen from the rate (every message below 200 msgs/s).
 LATENCY_SAMPLES_PER_WINDOW = 2000
@@ -74,7 +98,14 @@ TARGETS = {
     "dead_tuples_growth": 1.5,
     # p99 RECOVERY_CHECK_SECONDS after the idle transaction, over the steady p99.
     "recovery_p99_vs_steady": 2.0,
+    # The live partition's size at the end of the steady phase over its size
+    # in the middle: it holds the backlog and the dead tuples between two
+    # vacuums, so it should stop growing once the first vacuums have run.
+    # (The size counts every page a vacuum freed for reuse: it never shrinks.)
+    "live_partition_growth": 1.25,
 }
+LIVE_PARTITION = "broker_message_live"
+DELIVERED_PARTITION = "broker_message_delivered"
 QUEUE_NAME = "BENCH.SOAK"
 DRAIN_QUEUE_NAME = "BENCH.SOAK.DRAIN"
 LOADED_QUEUE_NAME = "BENCH.SOAK.LOADED"
@@ -100,13 +131,56 @@ ORDER BY t.level, t.relid::regclass::text
 """
 # The sampled messages acked so far, looked up by primary key. ``state =
 # 'DLVD'`` prunes a partitioned table to its delivered partition. The times
-# are the publish's and the ack's transaction now() (see BARE_ACK_SQL).
+# are the publish's and the ack's transaction now() (see BARE_ACK_SQL). Modes
+# full and headers.
 ACKED_SQL = """
 SELECT m.id, extract(epoch FROM m.updated_at)::float8,
        extract(epoch FROM m.updated_at - m.created_at)::float8
 FROM unnest(%(ids)s::bigint[]) AS s(id)
 JOIN broker_message AS m ON m.id = s.id
 WHERE m.state = 'DLVD'
+"""
+# Mode none: each sampled message's publish time (the publish transaction's
+# now()) while it is live, else NULL, and this lookup's time (its snapshot's,
+# in autocommit). A primary key lookup per message, whatever the plan;
+# ``state <> 'DLVD'`` prunes to the live partition. A message the lookup does
+# not find was acknowledged since the last lookup that did.
+GONE_SQL = """
+SELECT s.id,
+       (SELECT extract(epoch FROM m.created_at)::float8 FROM broker_message AS m
+        WHERE m.id = s.id AND m.state <> 'DLVD'),
+       extract(epoch FROM now())::float8
+FROM unnest(%(ids)s::bigint[]) AS s(id)
+"""
+# Mode none, after the run: rows of the delivered partition, which nothing
+# should have written.
+DELIVERED_ROWS_SQL = "SELECT count(*) FROM broker_message WHERE state = 'DLVD'"
+# Checkpoints the cluster has started, timed and requested (a CHECKPOINT or
+# a DROP DATABASE, by anyone on the cluster): each writes out what is dirty
+# and, with full_page_writes, makes the next change of every page log it
+# whole. PostgreSQL 17 moved them to pg_stat_checkpointer.
+CHECKPOINTS_SQL = {
+    False: "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
+    True: "SELECT num_timed, num_requested FROM pg_stat_checkpointer",
+}
+# What keeps VACUUM from removing dead tuples in the bench database: the
+# oldest transaction holding a snapshot or an xid there (seconds since it
+# began, and what it is), and how many xids old the xmin of an autovacuum
+# worker vacuuming there is (NULL: none at work). The idle transaction is the
+# oldest in its phase; afterwards, anything long is something else.
+HORIZON_SQL = """
+SELECT coalesce(extract(epoch FROM now() - o.xact_start), 0)::float8,
+       coalesce(o.backend_type || ' ' || o.state || ': ' || left(o.query, 80), ''),
+       (SELECT max(age(backend_xmin)) FROM pg_stat_activity
+        WHERE datname = current_database() AND backend_type = 'autovacuum worker')
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT xact_start, backend_type, state, query FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_type <> 'autovacuum worker'
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+    ORDER BY xact_start LIMIT 1
+) AS o ON true
 """
 # The idle transaction: an xid of its own, and a read of broker_message.
 IDLE_TXN_SQL = (
@@ -131,6 +205,14 @@ class Options:
     drain_messages: int
     size: int
     drain_while_publishing: bool = True
+    retention: str = "full"
+
+
+def retention_mode(text: str) -> str:
+    """A delivered_retention mode: full, headers or none."""
+    if text not in RETENTIONS:
+        raise argparse.ArgumentTypeError(f"must be full, headers or none, not {text!r}")
+    return text
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -163,6 +245,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             bool,
             True,
             "base the rate on the drain measured while publishing (default: on)",
+        ),
+        retention=(
+            retention_mode,
+            "full",
+            "what every queue of the run keeps of a delivered message: full, headers "
+            "or none (its delivered_retention; default full)",
         ),
     )
     args = parser.parse_args(argv)
@@ -284,6 +372,15 @@ class Sample:
     # 2, something waits for a CPU).
     loadavg_1m: float = 0.0
     relations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Checkpoints the cluster started in the window (timed and requested).
+    checkpoints_timed: int = 0
+    checkpoints_requested: int = 0
+    # At the window's end, in the bench database: seconds since the oldest
+    # transaction holding a snapshot or an xid began, and what it is (when
+    # over HOLDER_SECONDS); the xid age of a working autovacuum's xmin.
+    oldest_snapshot_s: float = 0.0
+    oldest_holder: str = ""
+    vacuum_xmin_age: int | None = None
 
     @property
     def start(self) -> float:
@@ -454,6 +551,76 @@ def relation_summary(
     }
 
 
+def relation_bytes(sample: Sample | None, name: str) -> int | None:
+    """The size of relation ``name`` at the end of the sample's window."""
+    if sample is None or name not in sample.relations:
+        return None
+    return int(sample.relations[name]["bytes"])
+
+
+@dataclass(frozen=True)
+class PartitionGrowth:
+    """A partition's size (bytes, indexes and TOAST included) as the
+    publisher started, in the middle and at the end of the steady phase,
+    and at the end of the run; the messages acked in the steady phase."""
+
+    name: str
+    at_start: int | None
+    steady_middle: int | None
+    steady_end: int | None
+    at_end: int | None
+    steady_acked: float
+
+    @property
+    def steady_second_half_growth(self) -> float | None:
+        """Size at the end of the steady phase over its size in the middle."""
+        if not self.steady_middle or self.steady_end is None:
+            return None
+        return self.steady_end / self.steady_middle
+
+    @property
+    def steady_bytes_per_acked(self) -> float | None:
+        """Growth over the steady phase per message acked in it."""
+        if self.at_start is None or self.steady_end is None or not self.steady_acked:
+            return None
+        return (self.steady_end - self.at_start) / self.steady_acked
+
+    @property
+    def flat(self) -> bool:
+        growth = self.steady_second_half_growth
+        return growth is not None and growth <= TARGETS["live_partition_growth"]
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "bytes_start": self.at_start,
+            "bytes_steady_middle": self.steady_middle,
+            "bytes_steady_end": self.steady_end,
+            "bytes_end": self.at_end,
+            "steady_second_half_growth": _round(self.steady_second_half_growth, 3),
+            "steady_bytes_per_acked": _round(self.steady_bytes_per_acked, 1),
+        }
+
+
+def partition_growth(
+    samples: Sequence[Sample], at_start: dict[str, dict[str, Any]], name: str
+) -> PartitionGrowth:
+    """How partition ``name`` grew: its size as the publisher started
+    (``at_start``, the first reading's relations), at the end of the steady
+    phase's first half and at its end, and at the end of the run."""
+    steady = phase_samples(samples, "steady")
+    middle = (steady[0].start + steady[-1].t) / 2 if steady else 0.0
+    first_half = [sample for sample in steady if sample.t <= middle + 1e-9]
+    start = at_start.get(name)
+    return PartitionGrowth(
+        name=name,
+        at_start=None if start is None else int(start["bytes"]),
+        steady_middle=relation_bytes(first_half[-1] if first_half else None, name),
+        steady_end=relation_bytes(steady[-1] if steady else None, name),
+        at_end=relation_bytes(samples[-1] if samples else None, name),
+        steady_acked=sum(sample.acked_per_s * sample.window_s for sample in steady),
+    )
+
+
 def build_samples(
     windows: Sequence[Window],
     readings: Sequence[Reading],
@@ -475,6 +642,8 @@ def build_samples(
                 published_per_s=round((after.published - before.published) / seconds, 1),
                 acked_per_s=round((after.acked - before.acked) / seconds, 1),
                 latency_samples=len(values),
+                checkpoints_timed=after.checkpoints[0] - before.checkpoints[0],
+                checkpoints_requested=after.checkpoints[1] - before.checkpoints[1],
                 **figures,
             )
         )
@@ -484,7 +653,19 @@ def build_samples(
 # --- readings ----------------------------------------------------------------------------
 
 # What a sample takes from the reading at its window's end.
-READING_FIELDS = ["dead_tuples", "live_tuples", "table_bytes", "backlog", "loadavg_1m", "relations"]
+READING_FIELDS = [
+    "dead_tuples",
+    "live_tuples",
+    "table_bytes",
+    "backlog",
+    "loadavg_1m",
+    "relations",
+    "oldest_snapshot_s",
+    "oldest_holder",
+    "vacuum_xmin_age",
+]
+# An oldest transaction older than this is named in the sample.
+HOLDER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -497,6 +678,11 @@ class Reading:
     backlog: int
     relations: dict[str, dict[str, Any]]
     loadavg_1m: float = 0.0
+    # The cluster's checkpoints so far: (timed, requested).
+    checkpoints: tuple[int, int] = (0, 0)
+    oldest_snapshot_s: float = 0.0
+    oldest_holder: str = ""
+    vacuum_xmin_age: int | None = None
 
     @property
     def dead_tuples(self) -> int:
@@ -509,6 +695,23 @@ class Reading:
     @property
     def table_bytes(self) -> int:
         return sum(int(rel["bytes"]) for rel in self.relations.values())
+
+
+def read_checkpoints(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The cluster's checkpoints so far: (timed, requested)."""
+    row = conn.execute(CHECKPOINTS_SQL[conn.info.server_version >= 170000]).fetchone()
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def read_horizon(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """HORIZON_SQL's figures, as Reading's fields."""
+    row = conn.execute(HORIZON_SQL).fetchone()
+    seconds, holder, vacuum_age = row if row else (0.0, "", None)
+    return {
+        "oldest_snapshot_s": round(float(seconds), 1),
+        "oldest_holder": holder if seconds >= HOLDER_SECONDS else "",
+        "vacuum_xmin_age": None if vacuum_age is None else int(vacuum_age),
+    }
 
 
 def read_relations(conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
@@ -533,7 +736,7 @@ class Publisher(threading.Thread):
     every PUBLISH_TICK_SECONDS, whatever the schedule says is due since the
     start (so a slow call is caught up on, not dropped), in calls of at most
     PUBLISH_BATCH_LIMIT. Every ``sample_every``-th message is handed to the
-    latency sampler."""
+    latency sampler, with the time (epoch) its publish call began."""
 
     def __init__(self, *, queue_name: str, rate: float, message: NewMessage, sample_every: int):
         super().__init__(name="soak-publisher", daemon=True)
@@ -542,10 +745,13 @@ class Publisher(threading.Thread):
         self.message = message
         self.sample_every = sample_every
         self.stopping = threading.Event()
+        # Set when a call has sampled messages (the sampler of mode none
+        # looks them up at once).
+        self.handed = threading.Event()
         self.lock = threading.Lock()
         self.published = 0
         self.calls = 0
-        self.sampled: list[int] = []
+        self.sampled: list[tuple[int, float]] = []
         self.error: BaseException | None = None
         self.started_at = 0.0
         self.longest_call_s = 0.0
@@ -554,7 +760,7 @@ class Publisher(threading.Thread):
         with self.lock:
             return self.published
 
-    def take_sampled(self) -> list[int]:
+    def take_sampled(self) -> list[tuple[int, float]]:
         with self.lock:
             ids, self.sampled = self.sampled, []
         return ids
@@ -582,7 +788,7 @@ class Publisher(threading.Thread):
     def publish(self, size: int) -> None:
         from broker.services.publish import messages_publish
 
-        began = time.monotonic()
+        began, began_epoch = time.monotonic(), time.time()
         ids = messages_publish(
             queue_name=self.queue_name,
             messages=[self.message] * size,
@@ -594,28 +800,71 @@ class Publisher(threading.Thread):
         # multiple of sample_every.
         offset = -self.published % self.sample_every
         with self.lock:
-            self.sampled.extend(ids[offset :: self.sample_every])
+            self.sampled.extend((id_, began_epoch) for id_ in ids[offset :: self.sample_every])
             self.published += len(ids)
             self.calls += 1
+        if len(ids) > offset:
+            self.handed.set()
+
+
+@dataclass
+class Followed:
+    """Mode none: a sampled message not yet seen acknowledged. ``published``
+    is the publish transaction's now() once a lookup has found the row (until
+    then the time the publish call began, a little earlier); ``last_seen``
+    the time of the last lookup that found it live (until then, the same)."""
+
+    published: float
+    last_seen: float
+    seen: bool = False
+
+
+def vanished(followed: Followed, looked_at: float) -> tuple[float, float, float]:
+    """Mode none: (ack time, publish-to-ack seconds, uncertainty) of a
+    message the lookup at ``looked_at`` no longer found: acknowledged between
+    the last lookup that found it and this one, taken as their midpoint,
+    within half their distance."""
+    at = (followed.last_seen + looked_at) / 2
+    return at, at - followed.published, (looked_at - followed.last_seen) / 2
 
 
 class LatencySampler(threading.Thread):
-    """Follows the sampled messages until their ack: once a second it looks
-    up the oldest LOOKUP_LIMIT pending ones by primary key (ACKED_SQL) on its
-    own connection and keeps (ack time, publish-to-ack seconds) of those now
-    DLVD. Messages are delivered about in id order, so the oldest pending
-    are the ones due; one acked out of order is found once it is among the
-    oldest, and the last lookups (``drain``) take every one left. Each
-    latency is binned by its ack time, so finding it late changes nothing."""
+    """Follows the sampled messages until their ack, on its own connection,
+    and keeps (ack time, publish-to-ack seconds) of each.
 
-    def __init__(self, *, bench_url: str, publisher: Publisher):
+    Modes full and headers (the ack keeps a DLVD row): once a second it
+    looks up the oldest LOOKUP_LIMIT pending ones by primary key
+    (ACKED_SQL) and takes the times of those now DLVD from their rows.
+    Messages are delivered about in id order, so the oldest pending are the
+    ones due; one acked out of order is found once it is among the oldest,
+    and the last lookups (``drain``) take every one left. Each latency is
+    binned by its ack time, so finding it late changes nothing.
+
+    Mode none (the ack deletes the row): every GONE_TICK_SECONDS, and as soon
+    as the publisher has sampled messages, it looks up the oldest
+    GONE_LOOKUP_LIMIT pending ones in the live partition (GONE_SQL); one no
+    longer there was acknowledged since the last lookup that found it
+    (``vanished``). Here finding it late does change the figure, hence the
+    short tick; the uncertainty of each is kept."""
+
+    def __init__(self, *, bench_url: str, publisher: Publisher, retention: str = "full"):
         super().__init__(name="soak-latency", daemon=True)
         self.bench_url = bench_url
         self.publisher = publisher
+        self.retention = retention
+        self.gone = retention == "none"
+        self.tick = GONE_TICK_SECONDS if self.gone else SAMPLE_TICK_SECONDS
+        self.limit = GONE_LOOKUP_LIMIT if self.gone else LOOKUP_LIMIT
         self.stopping = threading.Event()
         # Ascending: the publisher hands ids over in the order they were made.
         self.pending: list[int] = []
+        # Mode none: what is known of each pending message.
+        self.followed: dict[int, Followed] = {}
         self.acks: list[tuple[float, float]] = []  # (ack epoch, seconds)
+        # Mode none: each ack's uncertainty (seconds either side), and how
+        # many were acknowledged before any lookup found them.
+        self.uncertainty: list[float] = []
+        self.acked_unseen = 0
         self.lock = threading.Lock()
         self.error: BaseException | None = None
         self.queries = 0
@@ -626,33 +875,75 @@ class LatencySampler(threading.Thread):
     def run(self) -> None:
         try:
             with psycopg.connect(self.bench_url, autocommit=True) as conn:
-                while not self.stopping.wait(SAMPLE_TICK_SECONDS):
-                    self.sample(conn, LOOKUP_LIMIT)
-                self.pending += self.publisher.take_sampled()
-                while self.pending and self.sample(conn, LOOKUP_LIMIT * 10):
+                while not self.stopping.is_set():
+                    self.wait()
+                    self.sample(conn, self.limit)
+                self.take()
+                while self.pending and self.sample(conn, self.limit * 10):
                     pass
         except BaseException as error:  # reported by the clock loop
             self.error = error
 
+    def wait(self) -> None:
+        """Until the next lookup: a tick; in mode none, at most a tick, and
+        no longer once the publisher has sampled messages, so that most are
+        found live at least once (and their publish time read from the row)."""
+        if not self.gone:
+            self.stopping.wait(self.tick)
+            return
+        self.publisher.handed.wait(self.tick)
+        self.publisher.handed.clear()  # before take(): a later hand-over sets it again
+
+    def take(self) -> list[int]:
+        """The messages the publisher sampled since the last call."""
+        taken = []
+        for message_id, began in self.publisher.take_sampled():
+            taken.append(message_id)
+            if self.gone:
+                self.followed[message_id] = Followed(published=began, last_seen=began)
+        self.pending += taken
+        return taken
+
     def sample(self, conn: psycopg.Connection[Any], limit: int) -> int:
-        """Look up the oldest ``limit`` pending messages; returns how many
-        were acked."""
-        self.pending += self.publisher.take_sampled()
+        """Look up the oldest ``limit`` pending messages (in mode none, and
+        those just sampled); returns how many were acked."""
+        taken = self.take()
         self.most_pending = max(self.most_pending, len(self.pending))
         oldest = self.pending[:limit]
+        if self.gone and len(self.pending) > limit:
+            oldest += taken[max(0, limit - len(self.pending) + len(taken)) :]
         if not oldest:
             return 0
         began = time.perf_counter()
-        rows = conn.execute(ACKED_SQL, {"ids": oldest}).fetchall()
+        rows = conn.execute(GONE_SQL if self.gone else ACKED_SQL, {"ids": oldest}).fetchall()
         seconds = harness.since(began)
         self.queries += 1
         self.query_seconds += seconds
         self.longest_query_s = max(self.longest_query_s, seconds)
-        acked = {message_id for message_id, _, _ in rows}
-        self.pending[:limit] = [message_id for message_id in oldest if message_id not in acked]
+        acks = self.gone_acks(rows) if self.gone else {row[0]: (row[1], row[2]) for row in rows}
+        if acks:
+            self.pending = [message_id for message_id in self.pending if message_id not in acks]
         with self.lock:
-            self.acks += [(acked_at, latency) for _, acked_at, latency in rows]
-        return len(rows)
+            self.acks += acks.values()
+        return len(acks)
+
+    def gone_acks(
+        self, rows: Sequence[tuple[int, float | None, float]]
+    ) -> dict[int, tuple[float, float]]:
+        """Mode none: the lookup's rows (id, publish time or None when the
+        message is no longer live, lookup time): note the live ones as seen
+        now, and return {id: (ack time, latency)} of the others."""
+        acks = {}
+        for message_id, created, looked_at in rows:
+            followed = self.followed[message_id]
+            if created is not None:
+                followed.published, followed.last_seen, followed.seen = created, looked_at, True
+                continue
+            at, latency, uncertainty = vanished(self.followed.pop(message_id), looked_at)
+            acks[message_id] = (at, latency)
+            self.uncertainty.append(uncertainty)
+            self.acked_unseen += not followed.seen
+        return acks
 
     def recent(self, since_epoch: float, until_epoch: float) -> list[float]:
         with self.lock:
@@ -793,39 +1084,48 @@ class Run:
     # The error of every Celery task that raised during the soak.
     task_errors: list[str]
     started_utc: str
+    # Mode none: rows in the delivered partition after the run (None: not counted).
+    delivered_rows_at_end: int | None = None
 
 
-def measure_drain(bench: _celery.Bench, count: int) -> Drain:
+def measure_drain(bench: _celery.Bench, count: int, retention: str = "full") -> Drain:
     """bench.deliver's Celery path (bench._celery): ``count`` messages
-    published paused to a fresh noop queue (batch size 100), drained by 2
-    delivery processes; the clock runs from the first claim to all DLVD. The messages are deleted
-    afterwards, so the soak starts on an empty table."""
+    published paused to a fresh noop queue (batch size 100, delivered_retention
+    ``retention``), drained by 2 delivery processes; the clock runs from the
+    first claim to all acknowledged (the delivered counter). The messages
+    are deleted afterwards, so the soak starts on an empty table."""
     queue = _celery.make_queue(
         DRAIN_QUEUE_NAME,
         consumer="noop",
         batch_size=BATCH_SIZE,
         size=bench.size,
         paused=True,
+        retention=retention,
     )
     harness.log(f"drain: publishing {count} messages to {queue.name}")
     _celery.publish_messages(queue, _celery.new_message(bench.payload), count)
     _celery.flush_redis(bench.redis)
     harness.checkpoint()
-    seconds, first_claim = _celery.run_celery(bench, queue, count)
-    _celery.verify_delivered(queue, count, "drain")
+    seconds, first_claim = _celery.run_celery(bench, queue, count, counted=True)
+    _celery.verify_delivered(queue, count, "drain", counted=True)
     drain = Drain(count, seconds, first_claim)
     harness.log(f"drain: {drain.rate:.0f} msgs/s")
     queue_empty(bench.bench_url, queue.id)
     return drain
 
 
-def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
-    """Messages acknowledged per second while a publisher offers ``offered``
-    msgs/s to a fresh noop queue (batch size 100) and 2 delivery processes
-    deliver them, counted over LOADED_SECONDS after LOADED_WARMUP_SECONDS.
-    The backlog is drained and the messages deleted afterwards."""
+def measure_loaded_drain(bench: _celery.Bench, offered: float, retention: str = "full") -> float:
+    """Messages acknowledged per second (the delivered counter) while a
+    publisher offers ``offered`` msgs/s to a fresh noop queue (batch size
+    100, delivered_retention ``retention``) and 2 delivery processes deliver
+    them, counted over LOADED_SECONDS after LOADED_WARMUP_SECONDS. The
+    backlog is drained and the messages deleted afterwards."""
     queue = _celery.make_queue(
-        LOADED_QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=bench.size
+        LOADED_QUEUE_NAME,
+        consumer="noop",
+        batch_size=BATCH_SIZE,
+        size=bench.size,
+        retention=retention,
     )
     publisher = Publisher(
         queue_name=queue.name,
@@ -848,9 +1148,9 @@ def measure_loaded_drain(bench: _celery.Bench, offered: float) -> float:
         try:
             time.sleep(LOADED_WARMUP_SECONDS)
             check()
-            began, before = time.monotonic(), harness.depths(conn, queue.id).get("DLVD", 0)
+            began, before = time.monotonic(), harness.delivered(conn, queue.id)
             time.sleep(LOADED_SECONDS)
-            ended, after = time.monotonic(), harness.depths(conn, queue.id).get("DLVD", 0)
+            ended, after = time.monotonic(), harness.delivered(conn, queue.id)
         finally:
             publisher.stopping.set()
             publisher.join()
@@ -875,14 +1175,17 @@ class Clock:
         t = time.monotonic() - self.started
         published = self.publisher.count()
         depth = harness.depths(self.conn, self.queue_id)
+        acked = harness.delivered(self.conn, self.queue_id)
         relations = read_relations(self.conn)
         return Reading(
             t=t,
             published=published,
-            acked=depth.get("DLVD", 0),
+            acked=acked,
             backlog=depth.get("TBDL", 0) + depth.get("DLNG", 0),
             relations=relations,
             loadavg_1m=round(os.getloadavg()[0], 2),
+            checkpoints=read_checkpoints(self.conn),
+            **read_horizon(self.conn),
         )
 
 
@@ -895,6 +1198,8 @@ def describe(reading: Reading, before: Reading, window: Window, p99_ms: float | 
         f"acked {(reading.acked - before.acked) / seconds:6.0f}/s "
         f"backlog {reading.backlog:7d}  dead {reading.dead_tuples:8d} "
         f"live {reading.live_tuples:8d}  {reading.table_bytes / 1e6:7.1f} MB  "
+        f"oldest xact {reading.oldest_snapshot_s:4.0f} s vacuum xmin age "
+        f"{'-' if reading.vacuum_xmin_age is None else reading.vacuum_xmin_age}  "
         f"p99 {p99} (acks seen so far)"
     )
 
@@ -946,9 +1251,12 @@ def soak_rate(options: Options, drain: Drain | None) -> float:
     raise harness.BenchError("no rate: neither --rate nor a drain measurement")
 
 
-def soak_queue(bench_url: str, size: int) -> Queue:
-    """The soak's queue, on a vacuumed and checkpointed table."""
-    queue = _celery.make_queue(QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size)
+def soak_queue(bench_url: str, size: int, retention: str = "full") -> Queue:
+    """The soak's queue (delivered_retention ``retention``), on a vacuumed
+    and checkpointed table."""
+    queue = _celery.make_queue(
+        QUEUE_NAME, consumer="noop", batch_size=BATCH_SIZE, size=size, retention=retention
+    )
     with psycopg.connect(bench_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE broker_message")
     harness.checkpoint()
@@ -973,7 +1281,7 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
     """Publish at the soak's rate through its phases, drain the backlog,
     and gather every window's figures."""
     rate = soak_rate(options, drain)
-    queue = soak_queue(bench.bench_url, options.size)
+    queue = soak_queue(bench.bench_url, options.size, options.retention)
     windows = plan_windows(
         [
             ("steady", options.minutes * 60),
@@ -988,16 +1296,24 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
         message=_celery.new_message(bench.payload),
         sample_every=every,
     )
-    sampler = LatencySampler(bench_url=bench.bench_url, publisher=publisher)
+    sampler = LatencySampler(
+        bench_url=bench.bench_url, publisher=publisher, retention=options.retention
+    )
     idle = IdleTransaction(bench.bench_url)
     started_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     harness.log(
-        f"soak: {rate:.0f} msgs/s to {queue.name} for {windows[-1].end:.0f} s "
+        f"soak: {rate:.0f} msgs/s to {queue.name} (retention {options.retention}) for "
+        f"{windows[-1].end:.0f} s "
         f"(steady {options.minutes:g} min, idle transaction {options.idle_minutes:g} min, "
         f"recovery {options.recovery_minutes:g} min); latency of 1 message in {every}"
     )
     recorded = record_soak(bench, queue, windows, publisher, sampler, idle)
-    _celery.verify_delivered(queue, recorded.published, "soak")
+    _celery.verify_delivered(queue, recorded.published, "soak", counted=True)
+    delivered_rows = None
+    if options.retention == "none":
+        with psycopg.connect(bench.bench_url, autocommit=True) as conn:
+            row = conn.execute(DELIVERED_ROWS_SQL).fetchone()
+        delivered_rows = int(row[0]) if row else None
     readings = recorded.readings
     acks = [(at - recorded.started_epoch, seconds) for at, seconds in sampler.acks]
     binned = bin_latencies(acks, windows)
@@ -1024,6 +1340,7 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
         idle={"backend_pid": idle.pid, "xid": idle.xid},
         task_errors=recorded.task_errors,
         started_utc=started_utc,
+        delivered_rows_at_end=delivered_rows,
     )
 
 
@@ -1081,8 +1398,10 @@ def record_soak(
 
 def sampler_figures(sampler: LatencySampler) -> dict[str, Any]:
     """How the latency sampler kept up: messages followed and acked, and
-    its lookups."""
-    return {
+    its lookups; in mode none, how precisely it dated the acks."""
+    figures: dict[str, Any] = {
+        "method": "vanished" if sampler.gone else "dlvd_row",
+        "tick_s": sampler.tick,
         "followed": len(sampler.acks) + len(sampler.pending),
         "acked": len(sampler.acks),
         "queries": sampler.queries,
@@ -1090,24 +1409,35 @@ def sampler_figures(sampler: LatencySampler) -> dict[str, Any]:
         "longest_query_ms": round(1000 * sampler.longest_query_s, 1),
         "most_pending": sampler.most_pending,
     }
+    if sampler.gone:
+        figures |= {
+            "acked_unseen": sampler.acked_unseen,
+            "uncertainty_ms": {
+                f"p{q}": _round(
+                    None if (v := percentile(sampler.uncertainty, q)) is None else v * 1000, 1
+                )
+                for q in (50, 99, 100)
+            },
+        }
+    return figures
 
 
 def wait_drained(
     conn: psycopg.Connection[Any], queue_id: int, count: int, check: Callable[[], None]
 ) -> float:
-    """Wait until the queue's DLVD counter reaches ``count``, logging the
-    progress every DRAIN_LOG_SECONDS; fails when it stops moving for
+    """Wait until the queue's delivered counter reaches ``count``, logging
+    the progress every DRAIN_LOG_SECONDS; fails when it stops moving for
     _celery.STALL_TIMEOUT_SECONDS. Returns the seconds it took: after an
     overloaded run, the backlog is drained after the clock."""
     began = logged = time.monotonic()
     delivered, moved = -1, began
-    while (now_delivered := harness.depths(conn, queue_id).get("DLVD", 0)) < count:
+    while (now_delivered := harness.delivered(conn, queue_id)) < count:
         now = time.monotonic()
         if now_delivered != delivered:
             delivered, moved = now_delivered, now
         elif now - moved > _celery.STALL_TIMEOUT_SECONDS:
             raise harness.BenchError(
-                f"soak: delivery stalled at {delivered} of {count} DLVD "
+                f"soak: delivery stalled at {delivered} of {count} delivered "
                 f"for {_celery.STALL_TIMEOUT_SECONDS:.0f}s"
             )
         if now - logged >= DRAIN_LOG_SECONDS:
@@ -1119,11 +1449,16 @@ def wait_drained(
 
 
 def run_all(options: Options, bench_url: str) -> Run:
+    retention = options.retention
     with _celery.started_bench(bench_url, options.size, CONCURRENCY) as bench:
-        drain = None if options.rate is not None else measure_drain(bench, options.drain_messages)
+        drain = (
+            None
+            if options.rate is not None
+            else measure_drain(bench, options.drain_messages, retention)
+        )
         if drain is not None and options.drain_while_publishing:
             _celery.flush_redis(bench.redis)
-            loaded = measure_loaded_drain(bench, drain.rate)
+            loaded = measure_loaded_drain(bench, drain.rate, retention)
             drain = dataclasses.replace(drain, loaded_rate=loaded)
         _celery.flush_redis(bench.redis)
         return run_soak(options, bench, drain)
@@ -1152,22 +1487,41 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
     recovery = recovery_check(samples, steady_latency["p99_ms"])
     idle = phase_samples(samples, "idle_txn")
     drift_pass = drift is not None and abs(drift) < TARGETS["drift_pct"]
+    live = partition_growth(samples, run.relations_at_start, LIVE_PARTITION)
+    delivered = partition_growth(samples, run.relations_at_start, DELIVERED_PARTITION)
+    verdicts = {
+        "drift": "PASS" if drift_pass else "MISS",
+        "dead_tuples_bounded": "PASS" if dead.bounded else "MISS",
+        "recovery_p99": "PASS" if recovery.passed else "MISS",
+        "live_partition_flat": "PASS" if live.flat else "MISS",
+    }
+    if run.options.retention == "none":
+        verdicts["delivered_partition_empty"] = harness.verdict(
+            run.delivered_rows_at_end == 0 and delivered.at_end == delivered.at_start
+        )
     return {
         **settings_figures(run),
         **throughput_figures(samples, drift),
         "steady_latency_ms": steady_latency,
         "idle_max_p99_ms": recovery.idle_max_p99_ms,
         "idle_max_backlog": max((sample.backlog for sample in idle), default=None),
+        # Anything but the idle transaction holding a snapshot this long
+        # after it ended keeps VACUUM from recovering.
+        "recovery_max_oldest_snapshot_s": max(
+            (sample.oldest_snapshot_s for sample in phase_samples(samples, "recovery")),
+            default=None,
+        ),
+        "recovery_holders": sorted(
+            {s.oldest_holder for s in phase_samples(samples, "recovery") if s.oldest_holder}
+        ),
         **dead_tuple_figures(samples, dead),
         "backlog_at_end": run.backlog_at_end,
         "backlog_drained_s": round(run.backlog_drained_s, 1),
         **recovery_figures(recovery),
+        "partitions": {LIVE_PARTITION: live.figures(), DELIVERED_PARTITION: delivered.figures()},
+        "delivered_rows_at_end": run.delivered_rows_at_end,
         "targets": dict(TARGETS),
-        "verdicts": {
-            "drift": "PASS" if drift_pass else "MISS",
-            "dead_tuples_bounded": "PASS" if dead.bounded else "MISS",
-            "recovery_p99": "PASS" if recovery.passed else "MISS",
-        },
+        "verdicts": verdicts,
         "sampler": run.sampler,
         "publisher": run.publisher,
         "acks_outside_windows": run.acks_outside,
@@ -1178,6 +1532,7 @@ def summary(run: Run, steady_latency: dict[str, float | None]) -> dict[str, Any]
             "mean": round(sum(sample.loadavg_1m for sample in samples) / len(samples), 2),
             "max": max(sample.loadavg_1m for sample in samples),
         },
+        "checkpoints": checkpoint_figures(samples, recovery),
         "code": code_version(),
     }
 
@@ -1187,6 +1542,7 @@ def settings_figures(run: Run) -> dict[str, Any]:
     came from."""
     return {
         "bench": "soak",
+        "retention": run.options.retention,
         "layout": run.layout,
         "minutes": run.options.minutes,
         "idle_minutes": run.options.idle_minutes,
@@ -1207,8 +1563,20 @@ def settings_figures(run: Run) -> dict[str, Any]:
         "published": run.published,
         "window_s": WINDOW_SECONDS,
         "latency_sample_every": run.latency_sample_every,
-        "latency_clock": "created_at (publish transaction) to updated_at (ack transaction)",
+        "latency_clock": LATENCY_CLOCKS[run.options.retention == "none"],
     }
+
+
+# How a sampled message's latency is measured: where the ack keeps its row,
+# and in mode none.
+LATENCY_CLOCKS = {
+    False: "created_at (publish transaction) to updated_at (ack transaction), from the DLVD row",
+    True: (
+        f"created_at (publish transaction) to the midpoint of the last lookup that found the "
+        f"row live and the first that did not, looked up every {GONE_TICK_SECONDS:g} s; "
+        f"within half their distance (sampler.uncertainty_ms)"
+    ),
+}
 
 
 def throughput_figures(samples: Sequence[Sample], drift: float | None) -> dict[str, Any]:
@@ -1255,6 +1623,19 @@ def recovery_figures(recovery: Recovery) -> dict[str, Any]:
     }
 
 
+def checkpoint_figures(samples: Sequence[Sample], recovery: Recovery) -> dict[str, Any]:
+    """The cluster's checkpoints during the run, timed and requested (by
+    anyone on the cluster), and those in the window the recovery checks."""
+    checked = [sample for sample in samples if sample.start == recovery.check_t]
+    return {
+        "timed": sum(sample.checkpoints_timed for sample in samples),
+        "requested": sum(sample.checkpoints_requested for sample in samples),
+        "in_recovery_check_window": sum(
+            sample.checkpoints_timed + sample.checkpoints_requested for sample in checked
+        ),
+    }
+
+
 def code_version() -> dict[str, Any]:
     """The commit measured, and whether the work tree differed from it."""
 
@@ -1289,7 +1670,7 @@ def print_report(run: Run) -> None:
     print(
         f"soak bench: {run.options.size}-byte payloads, consumer noop, batch size {BATCH_SIZE}, "
         f"Celery deliveries worker --concurrency {CONCURRENCY} (DEBUG off); broker_message "
-        f"{run.layout}"
+        f"{run.layout}; delivered_retention {run.options.retention}"
     )
     print_rate(run)
     bounds = phase_bounds(run.windows)
@@ -1307,6 +1688,11 @@ def print_report(run: Run) -> None:
     load = figures["loadavg_1m"]
     print(
         f"load average (1 min, {os.cpu_count()} CPUs): mean {load['mean']:.1f}, max {load['max']:.1f}"
+    )
+    checkpoints = figures["checkpoints"]
+    print(
+        f"checkpoints on the cluster: {checkpoints['timed']} timed, {checkpoints['requested']} "
+        f"requested; {checkpoints['in_recovery_check_window']} in the window the recovery checks"
     )
     print(f"time series: {figures['series_file']}")
     harness.print_figures(figures)
@@ -1345,10 +1731,11 @@ def print_phases(run: Run) -> None:
                     max(sample.dead_tuples for sample in samples),
                     max(sample.backlog for sample in samples),
                     f"{samples[-1].table_bytes / 1e6:.1f}",
+                    sum(s.checkpoints_timed + s.checkpoints_requested for s in samples),
                 ]
             )
     header = ["phase", "pub/s", "acked/s", "p50 ms", "p95 ms", "p99 ms", "max dead"]
-    harness.table([*header, "max backlog", "MB at end"], rows)
+    harness.table([*header, "max backlog", "MB at end", "checkpoints"], rows)
 
 
 def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | None]) -> None:
@@ -1383,12 +1770,46 @@ def print_verdicts(figures: dict[str, Any], steady_latency: dict[str, float | No
         + ("never" if recovered is None else f"{recovered:.0f} s after it ended")
         + f"; idle transaction's worst p99 {_ms(figures['idle_max_p99_ms'])} ms"
     )
+    print_partitions(figures)
     if not figures["steady_kept_up"]:
         print(
             f"  MISS whatever the p99: the steady phase did not keep up (acked "
             f"{figures['steady_acked_per_s']:.0f} of {figures['steady_published_per_s']:.0f} "
             f"msgs/s published, backlog growing), so its p99 is no baseline"
         )
+
+
+def print_partitions(figures: dict[str, Any]) -> None:
+    """The live partition's growth in the steady phase's second half
+    (judged), and what the delivered partition took (in mode none, nothing)."""
+    verdicts = figures["verdicts"]
+    live = figures["partitions"][LIVE_PARTITION]
+    growth = live["steady_second_half_growth"]
+    print(
+        f"live partition (MB): {_mb(live['bytes_start'])} at the start, "
+        f"{_mb(live['bytes_steady_middle'])} mid-steady, {_mb(live['bytes_steady_end'])} at the "
+        f"steady end, {_mb(live['bytes_end'])} at the end; steady second half "
+        f"x{'-' if growth is None else f'{growth:.2f}'}  target <= "
+        f"x{TARGETS['live_partition_growth']:g} {verdicts['live_partition_flat']}"
+    )
+    delivered = figures["partitions"][DELIVERED_PARTITION]
+    if "delivered_partition_empty" in verdicts:
+        print(
+            f"delivered partition: {figures['delivered_rows_at_end']} rows after the run, "
+            f"{_mb(delivered['bytes_start'])} MB at the start and {_mb(delivered['bytes_end'])} "
+            f"at the end  target: nothing written {verdicts['delivered_partition_empty']}"
+        )
+        return
+    per = delivered["steady_bytes_per_acked"]
+    print(
+        f"delivered partition: {_mb(delivered['bytes_start'])} -> "
+        f"{_mb(delivered['bytes_steady_end'])} MB over the steady phase, "
+        f"{'-' if per is None else f'{per:.0f}'} bytes per message acked"
+    )
+
+
+def _mb(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f}"
 
 
 def print_relations(relations: dict[str, dict[str, Any]]) -> None:

@@ -1,15 +1,22 @@
-"""bench/soak.py without processes: its arguments, and the figures it draws
-from a time series (percentiles per window, drift, dead tuples, recovery)."""
+"""bench/soak.py without processes: its arguments, the figures it draws
+from a time series (percentiles per window, drift, dead tuples, recovery,
+the partitions' growth), and, on the test database, how it follows
+deliveries in each delivered_retention mode: the delivered counter, the
+final check, and the latency of messages whose ack deletes them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 import pytest
 
-from bench import soak
-from bench.soak import Reading, Sample, Window
+from bench import _celery, soak
+from bench import _harness as harness
+from bench.soak import Followed, Reading, Sample, Window
+from rig.processes import database_url_for_workers
 from tests.support.arguments import usage_error
 
 
@@ -22,6 +29,7 @@ def sample(
     p99: float | None = 100.0,
     dead: int = 0,
     window: float = 10.0,
+    relations: dict[str, dict[str, Any]] | None = None,
 ) -> Sample:
     return Sample(
         t=t,
@@ -37,6 +45,7 @@ def sample(
         live_tuples=0,
         table_bytes=0,
         backlog=0,
+        relations=relations or {},
     )
 
 
@@ -55,6 +64,7 @@ BAD_ARGUMENTS = {
     "--rate fast": "--rate: not a number: 'fast'",
     "--rate inf": "--rate: must be more than 0, not inf",
     "--idle-minutes 0": "--idle-minutes: must be more than 0",
+    "--retention some": "--retention: must be full, headers or none, not 'some'",
 }
 
 
@@ -90,7 +100,13 @@ def test_defaults_are_the_issue_s() -> None:
         drain_messages=20_000,
         size=1024,
         drain_while_publishing=True,
+        retention="full",
     )
+
+
+@pytest.mark.parametrize("mode", ["full", "headers", "none"])
+def test_the_retention_mode_is_an_option(mode: str) -> None:
+    assert soak.parse_args(["--retention", mode]).retention == mode
 
 
 def test_the_soak_publishes_a_share_of_the_drain_measured_while_publishing() -> None:
@@ -290,3 +306,242 @@ def test_recovery_misses_when_the_steady_phase_did_not_keep_up() -> None:
     assert recovery.check_p99_ms == 100
     assert not recovery.steady_kept_up
     assert not recovery.passed
+
+
+# --- the partitions ----------------------------------------------------------------------
+
+
+def sized(live: int, delivered: int) -> dict[str, dict[str, Any]]:
+    return {
+        soak.LIVE_PARTITION: {"bytes": live, "dead_tuples": 0, "live_tuples": 0},
+        soak.DELIVERED_PARTITION: {"bytes": delivered, "dead_tuples": 0, "live_tuples": 0},
+    }
+
+
+def sized_series(live: Sequence[int], delivered: Sequence[int]) -> list[Sample]:
+    series = [
+        sample(10.0 * (n + 1), relations=sized(size, kept))
+        for n, (size, kept) in enumerate(zip(live, delivered, strict=True))
+    ]
+    series.append(sample(len(series) * 10.0 + 10, phase="idle_txn", relations=sized(10**9, 0)))
+    return series
+
+
+def test_a_live_partition_that_stops_growing_is_flat() -> None:
+    # It grows while the first vacuums come, then reuses what they free.
+    series = sized_series([60, 90, 100, 100, 105, 105], [0] * 6)
+    growth = soak.partition_growth(series, sized(50, 0), soak.LIVE_PARTITION)
+    assert (growth.at_start, growth.steady_middle, growth.steady_end) == (50, 100, 105)
+    assert growth.at_end == 10**9  # the idle transaction's bloat is not judged
+    assert growth.steady_second_half_growth == pytest.approx(1.05)
+    assert growth.flat
+
+
+def test_a_live_partition_growing_all_along_is_not_flat() -> None:
+    series = sized_series([100, 200, 300, 400, 500, 600], [0] * 6)
+    growth = soak.partition_growth(series, sized(0, 0), soak.LIVE_PARTITION)
+    assert growth.steady_second_half_growth == 2.0
+    assert not growth.flat
+
+
+def test_the_delivered_partition_s_growth_is_given_per_message_acked() -> None:
+    # 6 windows of 10 s at 1000 acked/s: 60,000 messages, 1,500 bytes each.
+    series = sized_series([100] * 6, [1000 + 15_000_000 * (n + 1) for n in range(6)])
+    growth = soak.partition_growth(series, sized(100, 1000), soak.DELIVERED_PARTITION)
+    assert growth.steady_bytes_per_acked == 1500.0
+
+
+def test_without_relations_the_growth_is_unknown_and_not_flat() -> None:
+    growth = soak.partition_growth(steady_series([1000] * 4), {}, soak.LIVE_PARTITION)
+    assert growth.steady_second_half_growth is None
+    assert not growth.flat
+
+
+# --- latency where the ack deletes the message (mode none) --------------------------------
+
+
+def test_a_vanished_message_was_acked_midway_between_two_lookups() -> None:
+    at, latency, uncertainty = soak.vanished(Followed(published=100.0, last_seen=100.3), 100.35)
+    assert at == pytest.approx(100.325)
+    assert latency == pytest.approx(0.325)
+    assert uncertainty == pytest.approx(0.025)
+
+
+class HandOver:
+    """The publisher's side of the sampler: ids sampled and when their
+    publish call began."""
+
+    def __init__(self) -> None:
+        self.sampled: list[tuple[int, float]] = []
+
+    def take_sampled(self) -> list[tuple[int, float]]:
+        taken, self.sampled = self.sampled, []
+        return taken
+
+
+def none_sampler(publisher: HandOver) -> soak.LatencySampler:
+    return soak.LatencySampler(
+        bench_url="unused",
+        publisher=publisher,  # type: ignore[arg-type]
+        retention="none",
+    )
+
+
+def test_in_mode_none_the_sampler_looks_up_often() -> None:
+    sampler = none_sampler(HandOver())
+    assert (sampler.tick, sampler.limit) == (soak.GONE_TICK_SECONDS, soak.GONE_LOOKUP_LIMIT)
+    assert sampler.tick <= 0.1
+    full = soak.LatencySampler(bench_url="", publisher=HandOver(), retention="full")  # type: ignore[arg-type]
+    assert full.tick == soak.SAMPLE_TICK_SECONDS
+
+
+def test_in_mode_none_an_ack_is_dated_by_the_lookups_around_it() -> None:
+    publisher = HandOver()
+    sampler = none_sampler(publisher)
+    publisher.sampled = [(1, 99.99), (2, 99.99)]
+    sampler.take()
+    # The first lookup finds 1 live (published at 100.0) and 2 gone already.
+    acks = sampler.gone_acks([(1, 100.0, 100.05), (2, None, 100.05)])
+    assert acks == {2: pytest.approx((100.02, 0.03))}
+    assert sampler.acked_unseen == 1
+    # The next finds 1 gone: acked between 100.05 and 100.11.
+    acks = sampler.gone_acks([(1, None, 100.11)])
+    assert acks == {1: pytest.approx((100.08, 0.08))}
+    assert sampler.uncertainty == pytest.approx([0.03, 0.03])
+    assert sampler.acked_unseen == 1
+    assert sampler.followed == {}
+
+
+# --- on the database: the counter, the final check, the sampler ----------------------------
+
+
+def deliver(mode: str, count: int) -> Any:
+    from broker.services.delivery import queue_deliver
+
+    queue = _celery.make_queue(
+        f"SOAK.{mode.upper()}", consumer="noop", batch_size=100, size=16, retention=mode
+    )
+    _celery.publish_messages(queue, _celery.new_message(b"soak"), count)
+    queue_deliver(queue_id=queue.id)
+    return queue
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("mode", ["full", "headers", "none"])
+def test_the_delivered_counter_and_the_check_hold_in_every_mode(mode: str) -> None:
+    from broker.services.counting import counters_fold
+
+    queue = deliver(mode, 5)
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as conn:
+        assert harness.delivered(conn, queue.id) == 5
+        counters_fold()
+        assert harness.delivered(conn, queue.id) == 5
+        assert harness.depths(conn, queue.id).get("DLVD", 0) == (0 if mode == "none" else 5)
+    _celery.verify_delivered(queue, 5, "test", counted=True)
+    with pytest.raises(harness.BenchError, match=r"expected (6 delivered|\(DLVD, .*\) \(6,)"):
+        _celery.verify_delivered(queue, 6, "test", counted=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_mode_none_a_message_left_live_fails_the_check() -> None:
+    queue = deliver("none", 3)
+    _celery.publish_messages(queue, _celery.new_message(b"late"), 1)
+    with pytest.raises(harness.BenchError, match=r"rows\) \(0, 0, 0\)"):
+        _celery.verify_delivered(queue, 3, "test", counted=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_mode_none_the_sampler_finds_the_acks_on_the_database() -> None:
+    from broker.services.delivery import queue_deliver
+
+    queue = _celery.make_queue(
+        "SOAK.NONE", consumer="noop", batch_size=100, size=16, retention="none"
+    )
+    message = _celery.new_message(b"x")
+    publisher = soak.Publisher(queue_name=queue.name, rate=1, message=message, sample_every=2)
+    sampler = soak.LatencySampler(bench_url="", publisher=publisher, retention="none")
+    began = time.time()
+    publisher.publish(3)
+    assert publisher.handed.is_set()  # the sampler looks them up at once
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as conn:
+        assert sampler.sample(conn, 10) == 0
+        assert len(sampler.pending) == 2  # the first and the third
+        for followed in sampler.followed.values():
+            assert followed.seen
+            assert began <= followed.published <= followed.last_seen
+        queue_deliver(queue_id=queue.id)
+        assert sampler.sample(conn, 10) == 2
+    assert (sampler.pending, sampler.followed, sampler.acked_unseen) == ([], {}, 0)
+    for at, latency in sampler.acks:
+        assert began < at < time.time()
+        assert 0 < latency < 60
+
+
+class Lookups:
+    """A connection that answers GONE_SQL: the ids in ``live`` are live
+    (published at 100.0), the rest gone; each lookup at ``now``."""
+
+    def __init__(self, live: set[int], now: float) -> None:
+        self.live, self.now = live, now
+        self.asked: list[list[int]] = []
+
+    def execute(self, query: str, params: dict[str, list[int]]) -> Lookups:
+        assert query == soak.GONE_SQL
+        self.asked.append(list(params["ids"]))
+        self.rows = [
+            (message_id, 100.0 if message_id in self.live else None, self.now)
+            for message_id in params["ids"]
+        ]
+        return self
+
+    def fetchall(self) -> list[tuple[int, float | None, float]]:
+        return self.rows
+
+
+def test_in_mode_none_a_backlog_is_looked_up_at_its_head_and_just_sampled() -> None:
+    publisher = HandOver()
+    sampler = none_sampler(publisher)
+    conn = Lookups(live={1, 2, 3, 4, 5}, now=101.0)
+    publisher.sampled = [(1, 99.0), (2, 99.0), (3, 99.0)]
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+    publisher.sampled = [(4, 99.5), (5, 99.5)]
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+    conn.live, conn.now = {1, 3, 4, 5}, 101.2  # 2 acked out of order
+    sampler.sample(conn, 2)  # type: ignore[arg-type]
+
+    assert conn.asked == [[1, 2, 3], [1, 2, 4, 5], [1, 2]]
+    assert sampler.pending == [1, 3, 4, 5]
+    # 2 was last found at 101.0, gone at 101.2; published at 100.0.
+    assert sampler.acks == [pytest.approx((101.1, 1.1))]
+
+
+def test_checkpoints_are_counted_per_window_and_in_the_recovery_check() -> None:
+    readings = [
+        Reading(t=0.0, published=0, acked=0, backlog=0, relations={}, checkpoints=(5, 10)),
+        Reading(t=10.0, published=10, acked=10, backlog=0, relations={}, checkpoints=(5, 12)),
+        Reading(
+            t=20.0,
+            published=20,
+            acked=20,
+            backlog=0,
+            relations={},
+            checkpoints=(6, 12),
+            oldest_snapshot_s=12.5,
+            oldest_holder="client backend idle in transaction: SELECT 1",
+            vacuum_xmin_age=4000,
+        ),
+    ]
+    windows = [Window("steady", 0, 10), Window("recovery", 10, 20)]
+    first, second = soak.build_samples(windows, readings, [[], []])
+    assert (first.checkpoints_timed, first.checkpoints_requested) == (0, 2)
+    assert (second.checkpoints_timed, second.checkpoints_requested) == (1, 0)
+    assert (second.oldest_snapshot_s, second.vacuum_xmin_age) == (12.5, 4000)
+    assert second.oldest_holder.startswith("client backend idle in transaction")
+    recovery = soak.Recovery(
+        None, check_t=10.0, check_p99_ms=None, recovered_after_s=None, idle_max_p99_ms=None
+    )
+    assert soak.checkpoint_figures([first, second], recovery) == {
+        "timed": 1,
+        "requested": 2,
+        "in_recovery_check_window": 1,
+    }
