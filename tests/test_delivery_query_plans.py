@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from broker.models import Message, MessageState
+from broker.models import Message, MessageState, Queue
 from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
@@ -26,6 +26,17 @@ def prepared() -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements")
         return dict(cursor.fetchall())
+
+
+def analyzed_queue(*, batch_size: int, waiting: int) -> Queue:
+    """Queue Q with ``waiting`` messages, its statistics taken."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=batch_size)
+    for start in range(0, waiting, 1000):
+        count = min(1000, waiting - start)
+        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * count)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message")
+    return queue
 
 
 def run_count(statements: dict[str, int], *fragments: str) -> int:
@@ -51,10 +62,7 @@ def test_a_courier_plans_each_delivery_statement_once(db):
     every execution (it found the generic plan dearer), which cost as much as
     running them at batch 10. A courier runs them on their generic plans,
     and its session plans as before once it is done."""
-    queue = queue_create(name="Q", consumer="noop", batch_size=10)
-    messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 200)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_message")
+    queue = analyzed_queue(batch_size=10, waiting=200)
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
@@ -110,11 +118,7 @@ def test_the_settle_and_claim_statement_finds_the_claimed_rows_by_key_in_a_gener
     """After a few runs a prepared statement may take a generic plan, which
     cannot tell how many messages the claim's CTEs return; it must still
     fetch each one by its key, not scan the live partition to hash them."""
-    queue = queue_create(name="Q", consumer="noop", batch_size=100)
-    for _ in range(20):
-        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 1000)
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE broker_message")
+    queue = analyzed_queue(batch_size=100, waiting=20_000)
 
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
         assert courier is not None
