@@ -2,7 +2,7 @@
 (its jars/spark-connect_*.jar), started the way `make run` and the test
 suite start it:
 
-    python -m workers.spark.connect_server serve [--port 15002] [--bind 127.0.0.1]
+    python -m workers.spark.connect_server serve [--port 15002] [--bind 127.0.0.1] [--log FILE]
     python -m workers.spark.connect_server wait sc://127.0.0.1:15002 [--pid PID] [--timeout 180]
 
 ``serve`` becomes the server's JVM (spark-submit, in the foreground: stop it
@@ -88,11 +88,18 @@ def server_env(bind: str = "127.0.0.1") -> dict[str, str]:
     return env
 
 
-def serve(port: int, bind: str) -> None:
+def serve(port: int, bind: str, log: Path | None = None) -> None:
     """Become the server (exec): its process is this one, so a SIGTERM to
-    it, or to its process group, stops it."""
+    it, or to its process group, stops it. Its output goes to ``log``
+    (appended) when given."""
     command = server_command(port, bind=bind)
     (ROOT / "var" / "spark-connect" / str(port)).mkdir(parents=True, exist_ok=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(descriptor, 1)
+        os.dup2(descriptor, 2)
+        os.close(descriptor)
     os.execve(command[0], command, server_env(bind))  # noqa: S606 - our own command line
 
 
@@ -142,6 +149,7 @@ def main(argv: list[str]) -> int:
     run = commands.add_parser("serve", help="run the server in the foreground")
     run.add_argument("--port", type=int, default=CONNECT_PORT)
     run.add_argument("--bind", default="127.0.0.1")
+    run.add_argument("--log", type=Path, help="append the server's output to this file")
     wait = commands.add_parser("wait", help="wait until a server answers")
     wait.add_argument("url")
     wait.add_argument("--pid", type=int)
@@ -149,7 +157,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if options.command == "serve":
         try:
-            serve(options.port, options.bind)
+            serve(options.port, options.bind, options.log)
         except ImproperlyConfigured as error:
             print(f"spark-connect: {error}", file=sys.stderr)
             return 1
