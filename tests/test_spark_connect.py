@@ -14,9 +14,11 @@ import threading
 import time
 import zipfile
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -29,7 +31,14 @@ from broker.pipeline.replay import (
 )
 from broker.pipeline.selection import ReplaySpec
 from broker.services.queues import queue_create
-from rig.processes import ROOT, RedisServer, SparkConnectServer, free_port, wait_until
+from rig.processes import (
+    ROOT,
+    RedisServer,
+    SparkConnectServer,
+    database_url_for_workers,
+    free_port,
+    wait_until,
+)
 from tests.conftest import SPARK_TEST_SETTINGS
 from tests.support.messages import dead_lettered
 from workers.pipeline import replay_job_launch
@@ -144,6 +153,74 @@ def test_a_client_killed_while_it_stages_leaves_nothing_a_run_again_writes_twice
     assert again.written + killed.written == 5000
     assert on_orders() == 5000
     assert copies_per_source(job) == Counter(dict.fromkeys(sources, 1))
+
+
+@pytest.mark.usefixtures("spark_env")
+def test_a_driver_stopped_while_it_stages_interrupts_the_servers_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM, as a cancel sends it, while the server loads the staging
+    table: the server stops the load, which would otherwise commit its rows
+    after the run has ended. The load is held at its first batch (of two) by
+    a lock on the table until the driver has exited."""
+    monkeypatch.setenv("LAZARETTO_SPARK_PARTITIONS", "1")
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    dead_lettered(orders, 15_000)
+    job = submit()
+    database = connection.settings_dict["NAME"]
+
+    def waiting(statement: str) -> bool:
+        """Whether ``statement`` (its start) waits for a lock."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                [database, f"{statement}%"],
+            )
+            return cursor.fetchone() is not None
+
+    thread, ended = launched_in_background(job)
+    # Past the run's first step, which empties the job's staging rows.
+    wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id, total=15_000).exists(),
+        timeout=120,
+        interval=0.01,
+        what="the job's total",
+    )
+    with psycopg.connect(database_url_for_workers()) as blocker:
+        blocker.execute("LOCK TABLE broker_replaystage IN SHARE MODE")
+        wait_until(
+            partial(waiting, "INSERT INTO broker_replaystage"),
+            timeout=120,
+            what="the staging load",
+        )
+        driver = ReplayJob.objects.get(id=job.id).driver_pid
+        assert driver is not None
+        os.killpg(os.getpgid(driver), signal.SIGTERM)
+        wait_until(lambda: not running(driver), timeout=30, what="the driver to exit")
+        # The launcher closes the run, emptying the job's staging rows, in a
+        # statement that starts once the lock is gone, as the load goes on.
+        wait_until(
+            partial(waiting, "DELETE FROM broker_replaystage"),
+            timeout=30,
+            what="the launcher's clearing",
+        )
+    thread.join(timeout=60)
+    assert ended["job"].status == ReplayJobStatus.FAILED
+    time.sleep(5)  # what the load would have committed by now, had it gone on
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM broker_replaystage WHERE job_id = %s", [job.id])
+        assert cursor.fetchone() == (0,)
+    assert on_orders() == 0
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_a_run_again_writes_a_source_an_earlier_runs_load_staged_too_once(
