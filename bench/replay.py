@@ -667,7 +667,7 @@ def print_report(options: Options, figures: Figures) -> None:
         f"on {config['master']}), warm: it ran a warm-up job of "
         f"{warmup.messages if warmup else '?'} messages first",
         f"spark_classic: a driver of its own on {config['master']}, cold: a new JVM for the job",
-        "insert_select: one INSERT ... SELECT, one transaction (the machine's limit)",
+        "insert_select: one INSERT ... SELECT, one transaction, unmarked copies (the machine's limit)",
         f"orm: Message.objects.create per message, one transaction each, on a sample of "
         f"{options.orm_sample}",
         f"load average (1 min): {figures.load.get('start')} at the start, "
