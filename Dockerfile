@@ -1,7 +1,14 @@
-# Lazaretto image: the console (gunicorn) by default; the same image runs the
-# Celery workers and the broker node (see docker-compose.yml). Built in two
-# stages: the runtime stage holds requirements.txt's packages (none of the
-# development and test requirements), the application, and Java for Spark.
+# Lazaretto images, from three stages:
+#   build    requirements.txt's packages in a virtualenv (none of the development
+#            and test requirements);
+#   runtime  the application without Java: the console (gunicorn) by default, the
+#            Celery workers and the broker node; its pipeline worker runs the Spark
+#            jobs as clients of a Spark Connect server (SPARK_REMOTE);
+#   spark    runtime plus Java and PostgreSQL's JDBC driver: the Spark Connect
+#            server (python -m workers.spark.connect_server serve), or a pipeline
+#            worker whose jobs run a driver of their own (SPARK_MASTER, no
+#            SPARK_REMOTE). `docker build .` builds this last stage.
+# docker-compose.yml builds runtime for the application and spark for the server.
 
 # Debian 12 (bookworm): its openjdk-17-jre-headless runs Spark 4 (Java 17 or
 # later); Debian 13 ships no Java 17.
@@ -23,12 +30,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 RUN groupadd --system --gid 10001 app \
     && useradd --system --uid 10001 --gid app --home-dir /app --shell /usr/sbin/nologin app
-
-# The Spark jobs: a Java runtime for PySpark and PostgreSQL's JDBC driver
-# (SPARK_JDBC_JAR defaults to this package's jar).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
-    && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
@@ -57,3 +58,18 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
 
 # Gunicorn's processes: WEB_WORKERS (console/gunicorn_conf.py).
 CMD ["gunicorn", "-c", "python:console.gunicorn_conf", "console.wsgi:application", "--bind", "0.0.0.0:8000"]
+
+
+FROM runtime AS spark
+
+# Spark's JVM: a Java runtime for PySpark and PostgreSQL's JDBC driver
+# (SPARK_JDBC_JAR defaults to this package's jar), which the jobs' JDBC reads
+# and writes load on the server that runs them.
+USER root
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
+    && rm -rf /var/lib/apt/lists/*
+USER app
+
+# Spark Connect's port (workers.spark.connect_server serve --port).
+EXPOSE 15002

@@ -49,7 +49,7 @@ help:
 	echo "make services  start project-local PostgreSQL + Redis (scripts/services.sh start)"
 	echo "make stop      stop them"
 	echo "make test      ruff check, ruff format --check, mypy, pytest on $(PYTEST_WORKERS) workers"
-	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT))"
+	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT)); Spark jobs on a local Spark Connect server (SPARK_CONNECT_PORT)"
 	echo "make run-ha    the same with an HA pair: two broker nodes, a second PostgreSQL cluster"
 	echo "make lint      ruff check + ruff format --check + mypy"
 	echo "make fmt       ruff format + ruff check --fix"

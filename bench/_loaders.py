@@ -146,7 +146,7 @@ def replay_undo(url: str, queue_id: int) -> None:
     """Deletes, in one transaction, what a replay wrote: every message of the
     queue it replayed to (the copies, which carry their job), the replay
     jobs and their staging table. The replay bench moves the same dead letters
-    three ways and undoes each before the next; no service takes a replay
+    four ways and undoes each before the next; no service takes a replay
     back, and the dead letters themselves stay as they were."""
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
         for statement in REPLAY_UNDO_SQL:

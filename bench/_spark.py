@@ -1,7 +1,7 @@
 """What the Spark benches (bench.replay, bench.archive) share: the driver's
 environment and settings, its stdout kept off the bench's, the VACUUM
-between ways, and a Sampler that watches the bench database while a driver
-runs."""
+between ways, a Spark Connect server of the bench's own, and a Sampler that
+watches the bench database while a driver runs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from bench._harness import PRODUCTION_ENV, BenchError, Option, log, positive_int
+from bench._harness import PRODUCTION_ENV, BenchError, Option, log, positive_int, since
 
 # --partitions of the benches that launch a Spark driver.
 PARTITIONS: Option = (positive_int, None, "LAZARETTO_SPARK_PARTITIONS for the driver")
@@ -33,6 +33,8 @@ READY_POLL_SECONDS = 0.01
 SAMPLE_SECONDS = 0.1
 # A statement of the driver active this long is logged as it happens.
 SLOW_STATEMENT_SECONDS = 60.0
+# How long the bench's Spark Connect server may take to answer.
+CONNECT_START_SECONDS = 300.0
 VACUUM_SQL = (
     "VACUUM ANALYZE broker_message, broker_replayjob,"
     " broker_replaystage, broker_queuedepth, broker_queuedepthdelta"
@@ -92,6 +94,32 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+@contextmanager
+def connect_server(directory: Path, timeout: float = CONNECT_START_SECONDS) -> Iterator[str]:
+    """A Spark Connect server of this bench, started as `make run` starts
+    one (``python -m workers.spark.connect_server serve --port P``) on a free
+    loopback port, with this process's environment (the bench database's
+    DATABASE_URL, SPARK_MASTER, the Spark settings) and its log in
+    ``directory``; yields its SPARK_REMOTE URL and stops it (its whole
+    process group) on the way out."""
+    from rig.processes import SparkConnectServer
+
+    server = SparkConnectServer(directory=directory)
+    started = time.perf_counter()
+    try:
+        server.start(timeout=timeout)
+    except AssertionError as error:
+        server.stop()
+        tail = server.log()[-2000:]
+        raise BenchError(f"the Spark Connect server did not start: {error}\n{tail}") from None
+    log(f"spark connect: server at {server.url} answered after {since(started):.1f}s")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        log(f"spark connect: server at {server.url} stopped")
 
 
 def vacuum(bench_url: str) -> None:

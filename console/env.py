@@ -98,6 +98,31 @@ def env_spark_master(name: str, default: str) -> str:
     return value
 
 
+def env_spark_remote(name: str) -> str:
+    """A Spark Connect server's URL, ``sc://host[:port][/;param=value…]``;
+    unset or empty means none (the jobs run their own driver)."""
+    value = _raw(name)
+    if not value:
+        return ""
+    expected = "sc://host:port, the Spark Connect server's address (e.g. sc://127.0.0.1:15002)"
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        raise _bad(name, value, expected) from None
+    if (
+        parts.scheme != "sc"
+        or not parts.hostname
+        or port == 0
+        or parts.query
+        or parts.fragment
+        or (parts.path and not parts.path.startswith("/;"))
+        or any(char.isspace() for char in value)
+    ):
+        raise _bad(name, value, expected)
+    return value
+
+
 def env_path(name: str, default: Path, base: Path) -> Path:
     """A directory; a relative value is taken from ``base``."""
     value = _raw(name)

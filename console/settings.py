@@ -24,6 +24,7 @@ from console.env import (
     env_rate,
     env_redis_url,
     env_spark_master,
+    env_spark_remote,
     env_str,
     next_redis_database,
 )
@@ -74,6 +75,10 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5
 CELERY_BROKER_URL = env_redis_url("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 DUMP_DIR = env_path("DUMP_DIR", BASE_DIR / "var" / "dumps", base=BASE_DIR)
 SPARK_MASTER = env_spark_master("SPARK_MASTER", "local[*]")
+# A Spark Connect server (sc://host:port) that runs the Spark jobs instead: the
+# driver process is then a thin client, with no JVM of its own, and SPARK_MASTER
+# is the server's business (workers.spark.connect_server starts one).
+SPARK_REMOTE = env_spark_remote("SPARK_REMOTE")
 # PostgreSQL's JDBC driver, which Spark jobs read and write the database with
 # (Debian's libpostgresql-jdbc-java; scripts/spark.sh installs it).
 SPARK_JDBC_JAR = env_file("SPARK_JDBC_JAR", Path("/usr/share/java/postgresql.jar"), base=BASE_DIR)

@@ -113,6 +113,66 @@ class RedisServer:
 
 
 @dataclass
+class SparkConnectServer:
+    """A Spark Connect server (python -m workers.spark.connect_server serve)
+    on a port of its own, its output in ``directory``; ``extra_env`` is
+    added to this process's environment (the server's Spark settings)."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / f"spark-connect-{self.port}.log"
+
+    def start(self, timeout: float = 180) -> None:
+        """Start it and wait until it takes connections."""
+        from workers.spark.connect_server import answering
+
+        command = [sys.executable, "-m", "workers.spark.connect_server", "serve"]
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*command, "--port", str(self.port)],
+                cwd=ROOT,
+                env={**os.environ, **self.extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        process = self.process
+        wait_until(
+            lambda: answering(self.url) or process.poll() is not None,
+            timeout=timeout,
+            what=f"the Spark Connect server at {self.url}",
+        )
+        assert process.poll() is None, f"the Spark Connect server exited:\n{self.log()[-3000:]}"
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL, the whole process group: the JVM and its Python workers."""
+        if self.process is not None:
+            _stop(self.process, timeout=30)
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=20)
+        self.kill()
+
+
+@dataclass
 class Workers:
     """Celery processes: delivery workers, a control worker and beat."""
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run Lazaretto locally: the console web server (gunicorn), the Celery delivery worker,
-# the control worker (sweeper, dispatcher, alarm webhook), the pipeline worker and a
-# broker node, which sends the primary's duties (one node alone: HA_STARTUP_MODE
+# the control worker (sweeper, dispatcher, alarm webhook), a Spark Connect server and
+# the pipeline worker, whose Spark jobs run on it (SPARK_REMOTE), and a broker
+# node, which sends the primary's duties (one node alone: HA_STARTUP_MODE
 # standalone, no peer). scripts/run-ha.sh starts an HA pair of nodes instead and
 # sets LAZARETTO_RUN_NODE=0.
 # Normally started by `make run`, which has already migrated, loaded demo data and
@@ -79,11 +80,46 @@ trap 'exit 143' TERM
 # Background processes, stopped with the web server. Their logs go to var/log.
 CELERY="$REPO/.venv/bin/celery"
 mkdir -p "$REPO/var/log"
+
+# The Spark jobs (replay, archive) run on a local Spark Connect server, so no job
+# pays a JVM start (workers.spark.connect_server; scripts/spark.sh has installed
+# Java and the JDBC driver). A SPARK_REMOTE of the caller's names a server of its
+# own instead; LAZARETTO_RUN_SPARK_CONNECT=0 keeps the classic driver per job
+# (SPARK_MASTER). It starts first, as it takes longest; the pipeline worker waits.
+SPARK_CONNECT_PORT="${SPARK_CONNECT_PORT:-15002}"
+SPARK_CONNECT_LOG="$REPO/var/log/spark-connect.log"
+spark_connect_pid=""
+spark_remote="${SPARK_REMOTE:-}"
+if [ -n "$spark_remote" ]; then
+    echo "run: the Spark jobs run on SPARK_REMOTE=$SPARK_REMOTE (no local Spark Connect server)"
+elif [ "${LAZARETTO_RUN_SPARK_CONNECT:-1}" = "1" ]; then
+    if (exec 3<>"/dev/tcp/127.0.0.1/$SPARK_CONNECT_PORT") 2>/dev/null; then
+        echo "run: error: port $SPARK_CONNECT_PORT, the Spark Connect server's, is taken;" \
+            "set SPARK_CONNECT_PORT to a free port (or SPARK_REMOTE to a server of yours)" >&2
+        exit 1
+    fi
+    start_bg spark-connect "$PY" -m workers.spark.connect_server serve \
+        --port "$SPARK_CONNECT_PORT" --log "$SPARK_CONNECT_LOG"
+    spark_connect_pid="${pids[-1]}"
+    spark_remote="sc://127.0.0.1:$SPARK_CONNECT_PORT"
+fi
+
 start_bg celery-deliveries "$CELERY" -A workers worker -Q deliveries -l info \
     --logfile "$REPO/var/log/celery-deliveries.log"
 start_bg celery-control "$CELERY" -A workers worker -Q control -c 2 -n control@%h -l info \
     --logfile "$REPO/var/log/celery-control.log"
-start_bg celery-pipeline "$CELERY" -A workers worker -Q pipeline -c 1 -n pipeline@%h -l info \
+if [ -n "$spark_connect_pid" ]; then
+    if ! "$PY" -m workers.spark.connect_server wait "$spark_remote" \
+        --pid "$spark_connect_pid" --timeout 180; then
+        echo "run: error: the Spark Connect server did not start; the end of" \
+            "$SPARK_CONNECT_LOG:" >&2
+        tail -n 20 "$SPARK_CONNECT_LOG" >&2 || true
+        exit 1
+    fi
+    echo "run: the Spark Connect server answers at $spark_remote"
+fi
+start_bg celery-pipeline env ${spark_remote:+"SPARK_REMOTE=$spark_remote"} \
+    "$CELERY" -A workers worker -Q pipeline -c 1 -n pipeline@%h -l info \
     --logfile "$REPO/var/log/celery-pipeline.log"
 if [ "${LAZARETTO_RUN_NODE:-1}" = "1" ]; then
     start_bg broker-node env HA_STARTUP_MODE=standalone HA_PEER= \

@@ -25,7 +25,13 @@ from broker.models import Queue
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from console.tokens import token_create
-from rig.processes import RedisServer, Workers, database_url_for_workers, point_celery_at
+from rig.processes import (
+    RedisServer,
+    SparkConnectServer,
+    Workers,
+    database_url_for_workers,
+    point_celery_at,
+)
 from tests.support.console import with_key
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
@@ -174,6 +180,42 @@ def start_workers(
         workers.stop()
 
 
+# The Spark settings of the suite's jobs: local mode on two cores, small
+# jobs (the quick JIT tier alone starts in half the time).
+SPARK_TEST_SETTINGS = {
+    "SPARK_MASTER": "local[2]",
+    "LAZARETTO_SPARK_PARTITIONS": "2",
+    "LAZARETTO_SPARK_DRIVER_MEMORY": "1g",
+    "LAZARETTO_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1",
+}
+SPARK_MODES = ("classic", "connect")
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SparkConnectServer]:
+    """One Spark Connect server per pytest process, started by the first test
+    that runs a job in Connect mode (workers.spark.connect_server, as `make
+    run` starts it), on a free port, stopped at the end of the session."""
+    server = SparkConnectServer(
+        directory=tmp_path_factory.mktemp("spark-connect"), extra_env=SPARK_TEST_SETTINGS
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def spark_mode(request: pytest.FixtureRequest) -> str:
+    """How the test's Spark jobs run: ``connect`` (a client of the session's
+    Spark Connect server) unless a test is parametrized with
+    ``pytest.mark.parametrize("spark_mode", SPARK_MODES, indirect=True)``."""
+    mode = str(getattr(request, "param", "connect"))
+    assert mode in SPARK_MODES, mode
+    return mode
+
+
 @pytest.fixture
 def spark_env(
     transactional_db: None,
@@ -181,23 +223,27 @@ def spark_env(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     settings: Any,
+    spark_mode: str,
+    request: pytest.FixtureRequest,
 ) -> dict[str, str]:
     """The environment the Spark drivers (python -m workers.spark) start
     in: the test database, a private Redis for their wake-ups, an archive of
-    the test's own, Spark in local mode on two cores. Returned for worker
-    processes that launch drivers themselves."""
+    the test's own, Spark in local mode on two cores, in ``spark_mode``:
+    a driver of its own (classic) or a client of the session's Spark Connect
+    server (connect). Returned for worker processes that launch drivers
+    themselves."""
     archive = tmp_path / "archive"
     values = {
         "DATABASE_URL": database_url_for_workers(),
         "CELERY_BROKER_URL": redis_server.url,
         "ARCHIVE_DIR": str(archive),
         "DUMP_DIR": str(tmp_path / "dumps"),
-        "SPARK_MASTER": "local[2]",
-        "LAZARETTO_SPARK_PARTITIONS": "2",
-        "LAZARETTO_SPARK_DRIVER_MEMORY": "1g",
-        # Small jobs: the quick JIT tier alone starts in half the time.
-        "LAZARETTO_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1",
+        **SPARK_TEST_SETTINGS,
     }
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    if spark_mode == "connect":
+        server: SparkConnectServer = request.getfixturevalue("spark_connect_server")
+        values["SPARK_REMOTE"] = server.url
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     settings.ARCHIVE_DIR = archive

@@ -1,4 +1,5 @@
-"""The archive end to end: a real Spark driver moves old delivered and
+"""The archive end to end, in both Spark modes (a driver of its own, a
+client of a Spark Connect server): a real Spark driver moves old delivered and
 failed messages to Parquet and deletes them only once they are written and
 checked; a driver killed between the two steps leaves nothing lost and
 nothing twice; replay reads the archive."""
@@ -30,13 +31,18 @@ from broker.pipeline.selectors import archive_search
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_fail
+from tests.conftest import SPARK_MODES
 from tests.support.messages import claimed, delivered, quarantined
 from tests.support.publishing import published
 from workers.pipeline import archive_launch, replay_job_launch
 
 S = MessageState
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark_env")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("spark_env"),
+    pytest.mark.parametrize("spark_mode", SPARK_MODES, indirect=True),
+]
 
 
 def archived_ids() -> list[int]:

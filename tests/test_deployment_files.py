@@ -1,9 +1,10 @@
 """The deployment files, read as an operator would (no container engine runs
 here): the image builds on a Debian release with the Java Spark needs, holds
 the runtime requirements only, checks its health and honours WEB_WORKERS;
-compose migrates once before anything else starts, has no default secret,
-checks every service's health, publishes the web on loopback only and runs
-PostgreSQL with the settings a message store needs."""
+the application's image has no Java and its Spark jobs run on a Spark
+Connect service; compose migrates once before anything else starts, has no
+default secret, checks every service's health, publishes the web on loopback
+only and runs PostgreSQL with the settings a message store needs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-APP_SERVICES = ("web", "worker", "control", "pipeline", "node")
+APP_SERVICES = ("web", "worker", "control", "pipeline", "node", "spark-connect")
 DEV_ONLY = ("pytest", "ruff", "mypy", "playwright", "schemathesis", "hypothesis", "django-stubs")
 
 
@@ -43,8 +44,55 @@ def test_the_image_is_built_on_a_debian_release_whose_java_runs_spark() -> None:
     assert bases, "no FROM"
     # Debian 12 ships openjdk-17-jre-headless; the floating python:3.11-slim
     # moved to Debian 13, which has none.
-    assert all(base == "python:3.11-slim-bookworm" for base in bases), bases
+    assert all(base in ("python:3.11-slim-bookworm", "runtime") for base in bases), bases
     assert "openjdk-17-jre-headless" in stages(dockerfile)[-1]
+
+
+def stage(dockerfile: str, name: str) -> str:
+    [found] = [
+        text for text in stages(dockerfile) if text.split("\n", 1)[0].endswith(f" AS {name}")
+    ]
+    return found
+
+
+def test_the_application_image_has_no_java_and_the_spark_image_has_java_and_jdbc() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    runtime, spark = stage(dockerfile, "runtime"), stage(dockerfile, "spark")
+    assert "openjdk" not in runtime
+    assert "jdbc" not in runtime
+    assert spark.startswith("runtime AS spark")
+    assert "openjdk-17-jre-headless" in spark
+    assert "libpostgresql-jdbc-java" in spark
+
+
+def test_the_pipeline_runs_its_spark_jobs_on_the_spark_connect_service(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    server = services["spark-connect"]
+    assert server["build"]["target"] == "spark"
+    command = server["command"]
+    assert command[:4] == ["python", "-m", "workers.spark.connect_server", "serve"]
+    port = command[command.index("--port") + 1]
+    # Every address of its container, which the compose network alone reaches.
+    assert command[command.index("--bind") + 1] == "0.0.0.0"  # noqa: S104
+    assert f"sc://127.0.0.1:{port}" in server["healthcheck"]["test"]
+    pipeline = services["pipeline"]
+    assert pipeline["environment"]["SPARK_REMOTE"] == (
+        "${SPARK_REMOTE-sc://spark-connect:" + port + "}"
+    )
+    assert pipeline["depends_on"]["spark-connect"] == {"condition": "service_healthy"}
+    # Every other application service (the pipeline's driver too) is Java-free.
+    for name in APP_SERVICES:
+        if name != "spark-connect":
+            assert services[name]["build"]["target"] == "runtime", name
+    # The server writes and reads the archive where the application does, and
+    # reaches PostgreSQL by the same URL.
+    archive = services["pipeline"]["environment"]["ARCHIVE_DIR"]
+    assert server["environment"]["ARCHIVE_DIR"] == archive
+    assert f"archive:{archive}" in server["volumes"]
+    assert f"archive:{archive}" in pipeline["volumes"]
+    assert server["environment"]["DATABASE_URL"] == pipeline["environment"]["DATABASE_URL"]
 
 
 def test_the_runtime_image_holds_the_runtime_requirements_only() -> None:

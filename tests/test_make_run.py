@@ -1,5 +1,6 @@
 """`make run` on a database of its own: migrates, loads the demo, prints the
-admin password and serves the login page."""
+admin password, serves the login page and runs the Spark jobs on a Spark
+Connect server of its own."""
 
 import contextlib
 import json
@@ -17,6 +18,7 @@ import pytest
 
 from rig.processes import ROOT, free_port
 from tests.support.databases import throwaway_database
+from workers.spark.connect_server import answering
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +43,23 @@ def fetch(url: str) -> tuple[int, str]:
         return error.code, error.headers.get("Location", "")
 
 
-def commands_in_session(session: int) -> list[str]:
-    """The command lines of the processes in session ``session``."""
-    commands = []
+def processes_in_session(session: int) -> list[tuple[int, str]]:
+    """The pids and command lines of the processes in session ``session``."""
+    processes = []
     for pid in pids_in_session(session):
         with contextlib.suppress(OSError):
-            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
-    return commands
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            processes.append((pid, command))
+    return processes
+
+
+def commands_in_session(session: int) -> list[str]:
+    """The command lines of the processes in session ``session``."""
+    return [command for _pid, command in processes_in_session(session)]
+
+
+def environment_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
 
 
 def wait_for(condition, what: str, timeout: float = 10) -> None:
@@ -64,12 +76,14 @@ def node_roles(url: str) -> list[tuple[str, str]]:
 
 def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
     port = free_port()
+    spark_port = free_port()
     log = tmp_path / "make-run.log"
     env = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"},
         "DATABASE_URL": fresh_database_url,
         "PORT": str(port),
         "HA_LISTEN": f"127.0.0.1:{free_port()}",
+        "SPARK_CONNECT_PORT": str(spark_port),
     }
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -108,6 +122,18 @@ def test_make_run_serves_the_login_page(fresh_database_url, tmp_path):
         # One broker node alone sends the duties, as primary of a pair of one.
         assert any("broker_node" in command for command in commands_in_session(process.pid))
         wait_for(lambda: node_roles(fresh_database_url) == [("local", "primary")], "the node")
+        # A Spark Connect server of its own, answering before the pipeline
+        # worker starts, which alone is pointed at it.
+        remote = f"sc://127.0.0.1:{spark_port}"
+        assert f"run: the Spark Connect server answers at {remote}" in output
+        assert any("SparkConnectServer" in command for command in commands_in_session(process.pid))
+        assert answering(remote)
+        pipeline = [
+            pid for pid, command in processes_in_session(process.pid) if "-Q pipeline" in command
+        ]
+        assert pipeline
+        for pid in pipeline:
+            assert f"SPARK_REMOTE={remote}" in environment_of(pid)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)

@@ -1,6 +1,7 @@
-"""Replay jobs end to end: real Spark drivers (local mode) reading and
-writing the test database over JDBC, launched as the pipeline launches
-them; delivery by real Celery workers."""
+"""Replay jobs end to end: real Spark drivers (clients of a local Spark
+Connect server, and for some tests drivers of their own in local mode)
+reading and writing the test database over JDBC, launched as the pipeline
+launches them; delivery by real Celery workers."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from broker.selectors import queue_depths
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import wait_until
+from tests.conftest import SPARK_MODES
 from tests.support.messages import claimed, dead_lettered, quarantined
 from workers.pipeline import replay_job_launch
 from workers.spark.replay import KILL_AFTER_WRITE
@@ -41,7 +43,10 @@ from workers.spark.replay import KILL_AFTER_WRITE
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 S = MessageState
 
+# Every test runs its jobs on the session's Spark Connect server; those
+# marked ``both_modes`` run them with a driver of their own too (classic).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("spark_env")]
+both_modes = pytest.mark.parametrize("spark_mode", SPARK_MODES, indirect=True)
 
 
 def on(queue: str, state: str = S.TO_BE_DELIVERED) -> int:
@@ -67,6 +72,7 @@ def copies_per_source(job: ReplayJob) -> Counter[int | None]:
     return Counter(copies_of(job).values_list("replay_source_id", flat=True))
 
 
+@both_modes
 def test_10000_dead_lettered_messages_go_back_once_and_are_delivered(start_workers):
     orders = queue_create(name="ORDERS.IN", consumer="")
     sources = dead_lettered(orders, 10_000)
@@ -179,6 +185,7 @@ def test_a_driver_killed_right_after_a_write_leaves_counts_that_add_up(
     assert on("ORDERS.IN") == 300
 
 
+@both_modes
 def test_cancel_stops_the_driver_and_leaves_what_was_written():
     orders = queue_create(name="ORDERS.IN", consumer="")
     dead_lettered(orders, 3000)
@@ -222,6 +229,7 @@ def _mixed() -> dict[str, list[int]]:
     }
 
 
+@both_modes
 def test_a_dry_run_writes_nothing_and_counts_what_the_real_run_then_writes():
     _mixed()
     before = Message.objects.count()

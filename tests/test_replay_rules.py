@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
 import pytest
@@ -23,11 +22,12 @@ from broker.models import Message, Queue
 from broker.pipeline.selection import ReplaySpec
 from broker.pipeline.source import source_query
 from broker.rules import parse
-from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
+from broker.rules.routing import FAIL, SKIP, WRITE
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_create_and_activate
 from tests.support.messages import dead_lettered
+from workers.spark.replay import route_frame
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 QUEUES = ("ORDERS.IN", "ORDERS.OUT", "BILLING.IN")
@@ -119,15 +119,12 @@ def _spark_routes(spark: SparkSession, table: str) -> dict[int, tuple[str, str, 
     frame = spark.createDataFrame(
         [tuple(row[name] for name in COLUMNS.fieldNames()) for row in rows], COLUMNS
     )
-    route = partial(
-        route_rows,
-        rules_text=table,
-        target="",
-        queue_manager=settings.LAZARETTO_INSTANCE_NAME,
+    routed = route_frame(
+        frame, rules_text=table, target="", queue_manager=settings.LAZARETTO_INSTANCE_NAME
     )
     known = set(Queue.objects.values_list("name", flat=True))
     routes = {}
-    for message_id, verdict, target, rule, keep in frame.rdd.mapPartitions(route).collect():
+    for message_id, verdict, target, rule, keep in routed.collect():
         if verdict == WRITE and target not in known:
             verdict = FAIL  # as the job marks writes to a queue that is not there
         routes[message_id] = (verdict, target, keep, rule)

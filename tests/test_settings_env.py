@@ -17,6 +17,8 @@ from tests.support.processes import manage, refused_at_start_up
         ("CELERY_BROKER_URL", "amqp://guest@localhost//"),
         ("CELERY_BROKER_URL", "redis://host:port/0"),
         ("SPARK_MASTER", "everywhere"),
+        ("SPARK_REMOTE", "http://127.0.0.1:15002"),
+        ("SPARK_REMOTE", "sc://127.0.0.1:port"),
         ("ALLOWED_HOSTS", "a,,b"),
         ("API_MAX_BODY_BYTES", "lots"),
         ("LAZARETTO_API_RATE", "fast"),
@@ -60,6 +62,46 @@ def test_good_values_start(tmp_path):
     )
 
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("sc://127.0.0.1:15002", True),
+        ("sc://spark-connect", True),
+        ("sc://spark.example.com:443/;use_ssl=true;token=abc", True),
+        ("sc://[::1]:15002", True),
+        ("http://127.0.0.1:15002", False),
+        ("sc://:15002", False),
+        ("sc://host:0", False),
+        ("sc://host:99999", False),
+        ("sc://host:15002/path", False),
+        ("sc://host name:15002", False),
+        ("local[*]", False),
+    ],
+)
+def test_spark_remote_is_a_spark_connect_url(monkeypatch, value, valid):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.env import env_spark_remote
+
+    monkeypatch.setenv("SPARK_REMOTE", value)
+    if valid:
+        assert env_spark_remote("SPARK_REMOTE") == value
+    else:
+        with pytest.raises(
+            ImproperlyConfigured, match=r"^SPARK_REMOTE: .* expected sc://host:port"
+        ):
+            env_spark_remote("SPARK_REMOTE")
+
+
+def test_an_unset_or_empty_spark_remote_is_none(monkeypatch):
+    from console.env import env_spark_remote
+
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    assert env_spark_remote("SPARK_REMOTE") == ""
+    monkeypatch.setenv("SPARK_REMOTE", " ")
+    assert env_spark_remote("SPARK_REMOTE") == ""
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,16 @@ def no_banner_in_json(instance: Any = None, **kwargs: Any) -> None:
         instance.quiet = True
 
 
+@signals.celeryd_after_setup.connect
+def say_which_spark(instance: Any = None, **kwargs: Any) -> None:
+    """A worker on the pipeline queue says once at start-up where its Spark
+    jobs run (and which setting it ignores)."""
+    from workers.pipeline import PIPELINE_QUEUE, spark_choice
+
+    if instance is not None and PIPELINE_QUEUE in instance.app.amqp.queues.consume_from:
+        logging.getLogger("workers.pipeline").info(spark_choice())
+
+
 @signals.worker_init.connect
 @signals.worker_process_init.connect
 def bound_store_waits(**kwargs: Any) -> None:

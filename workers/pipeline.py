@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from django.conf import settings
 from django.db.models import Max, Sum
 
 from broker.models import ArchiveChunk, ReplayJob, ReplayJobStatus
@@ -27,9 +28,25 @@ from broker.pipeline.replay import replay_run_finish
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Celery queue of the Spark jobs (CELERY_TASK_ROUTES).
+PIPELINE_QUEUE = "pipeline"
 POLL_SECONDS = 0.5
 # A driver asked to stop gets this long to do so before it is killed.
 STOP_GRACE_SECONDS = 10.0
+
+
+def spark_choice() -> str:
+    """Where the drivers run their jobs, as the pipeline worker says at
+    start-up: SPARK_REMOTE wins over SPARK_MASTER when both are set."""
+    master = os.environ.get("SPARK_MASTER")
+    if settings.SPARK_REMOTE:
+        said = (
+            f"Spark jobs run on the Spark Connect server at {settings.SPARK_REMOTE} (SPARK_REMOTE)"
+        )
+        if master:
+            said += f"; SPARK_MASTER={master} is ignored (SPARK_REMOTE wins)"
+        return said
+    return f"Spark jobs run a driver of their own on SPARK_MASTER={settings.SPARK_MASTER}"
 
 
 def driver_command(kind: str, *args: str) -> list[str]:

@@ -172,6 +172,31 @@ def replay_stage_bounds(*, job_id: int, after: int, upto: int, velocity: int) ->
     return [*cuts, upto] if not cuts or cuts[-1] != upto else cuts
 
 
+def replay_stage_once(*, job_id: int, after: int, upto: int) -> int:
+    """Keep one staging row per source of the job in (after, upto]: a
+    staging load of an earlier run that outlived its driver (a Spark Connect
+    server goes on with a dead client's write) adds a second row for a
+    source. Runs in the caller's transaction, the write's: SHARE ROW
+    EXCLUSIVE waits for loads in progress and keeps new ones out until the
+    write commits, so the write sees each source once. Returns the rows
+    removed."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("replay_stage_once runs in the transaction of the write it guards")
+    with connection.cursor() as cursor:
+        cursor.execute("LOCK TABLE broker_replaystage IN SHARE ROW EXCLUSIVE MODE")
+        cursor.execute(
+            "DELETE FROM broker_replaystage AS s"
+            " WHERE s.job_id = %(job)s AND s.source_id > %(after)s AND s.source_id <= %(upto)s"
+            " AND EXISTS (SELECT 1 FROM broker_replaystage AS o"
+            "  WHERE o.job_id = s.job_id AND o.source_id = s.source_id AND o.ctid < s.ctid)",
+            {"job": job_id, "after": after, "upto": upto},
+        )
+        removed = cursor.rowcount
+    if removed:
+        logger.warning("replay job %s: %s staging row(s) an earlier run left", job_id, removed)
+    return removed
+
+
 def replay_stage_analyze() -> None:
     """Refresh the statistics of the staging table after a load, so the
     insert that follows is planned for the rows it holds now, not for the

@@ -28,7 +28,13 @@ from broker.pipeline.archive import (
     archive_run_start,
 )
 from broker.pipeline.source import archive_due_ids, archive_source_query
-from workers.spark.session import read_range, spark_session
+from workers.spark.session import (
+    interrupt_on_sigterm,
+    read_range,
+    spark_app_id,
+    spark_failure,
+    spark_session,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,19 @@ KILL_AFTER_WRITE = "LAZARETTO_ARCHIVE_KILL_AFTER_WRITE"
 
 
 def archive_main() -> int:
-    """Finish what a crash left, then archive every due message."""
+    """Finish what a crash left, then archive every due message; a failure
+    is logged with what to fix, and the exit status says so."""
+    try:
+        archived = _archive()
+    except Exception as error:
+        logger.exception("archive failed")
+        logger.error("archive failed: %s", spark_failure(error))
+        return 1
+    logger.info("archive: %s message(s) archived", archived)
+    return 0
+
+
+def _archive() -> int:
     archive_run_start()
     spark: SparkSession | None = None
     archived = 0
@@ -47,13 +65,14 @@ def archive_main() -> int:
         ids = archive_due_ids(after=after, limit=settings.LAZARETTO_ARCHIVE_CHUNK_ROWS)
         if not ids:
             break
-        spark = spark or spark_session("lazaretto-archive")
+        if spark is None:
+            spark = spark_session("lazaretto-archive")
+            interrupt_on_sigterm(spark)
         chunk = _write(spark, ids)
         archive_chunk_finish(chunk=chunk)
         archived += chunk.rows
         after = ids[-1]
-    logger.info("archive: %s message(s) archived", archived)
-    return 0
+    return archived
 
 
 def _write(spark: SparkSession, ids: list[int]) -> ArchiveChunk:
@@ -65,7 +84,7 @@ def _write(spark: SparkSession, ids: list[int]) -> ArchiveChunk:
         .write.partitionBy("queue", "day")
         .parquet(str(archive_incoming(name)))
     )
-    chunk = archive_chunk_start(name=name, ids=ids, spark_app_id=spark.sparkContext.applicationId)
+    chunk = archive_chunk_start(name=name, ids=ids, spark_app_id=spark_app_id(spark))
     if os.environ.get(KILL_AFTER_WRITE):
         os.kill(os.getpid(), signal.SIGKILL)
     return chunk

@@ -19,11 +19,13 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
+import pyarrow as pa
 from django.conf import settings
+from django.db import transaction
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -44,13 +46,21 @@ from broker.pipeline.replay import (
     replay_stage_analyze,
     replay_stage_bounds,
     replay_stage_clear,
+    replay_stage_once,
     replay_write_staged,
 )
 from broker.pipeline.selection import ReplaySpec
 from broker.pipeline.source import source_query, source_range
 from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
 from broker.selectors import queue_names
-from workers.spark.session import read_range, spark_session, write_table
+from workers.spark.session import (
+    interrupt_on_sigterm,
+    read_range,
+    spark_app_id,
+    spark_failure,
+    spark_session,
+    write_table,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +77,25 @@ ROUTED = StructType(
         StructField("rule", IntegerType(), False),
         StructField("keep_header", BooleanType(), False),
     ]
+)
+ROUTED_ARROW = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        pa.field("verdict", pa.string(), False),
+        pa.field("target", pa.string()),
+        pa.field("rule", pa.int32(), False),
+        pa.field("keep_header", pa.bool_(), False),
+    ]
+)
+# What the rules table sees of each source row.
+ROUTE_COLUMNS = (
+    "id",
+    "original_queue",
+    "dead_letter",
+    "headers",
+    "content_type",
+    "put_application",
+    "put_user",
 )
 # What a replay from the archive stages besides the route: the message itself.
 ARCHIVE_COLUMNS = (
@@ -119,14 +148,15 @@ def replay_main(job_id: int) -> int:
         return 0
     try:
         spark = spark_session(f"lazaretto-replay-{job.id}")
-        replay_run_progress(job_id=job.id, spark_app_id=spark.sparkContext.applicationId)
+        interrupt_on_sigterm(spark)
+        replay_run_progress(job_id=job.id, spark_app_id=spark_app_id(spark))
         Replay(spark, job).run()
     except Cancelled:
         replay_run_finish(job_id=job.id, status=ReplayJobStatus.CANCELLED)
         return 0
     except Exception as error:
         logger.exception("replay job %s failed", job.id)
-        replay_run_finish(job_id=job.id, status=ReplayJobStatus.FAILED, error=str(error))
+        replay_run_finish(job_id=job.id, status=ReplayJobStatus.FAILED, error=spark_failure(error))
         return 1
     replay_run_finish(job_id=job.id, status=ReplayJobStatus.DONE)
     return 0
@@ -216,16 +246,11 @@ class Replay:
         )
         kept = marked.where(F.col("kept"))
         if self.spec.rules_text.strip():
-            route = partial(
-                route_rows,
+            routed = route_frame(
+                kept,
                 rules_text=self.spec.rules_text,
                 target=self.spec.target_queue,
                 queue_manager=settings.LAZARETTO_INSTANCE_NAME,
-            )
-            columns = ["id", "original_queue", "dead_letter", "headers", "content_type"]
-            columns += ["put_application", "put_user"]
-            routed = self.spark.createDataFrame(
-                kept.select(*columns).rdd.mapPartitions(route), ROUTED
             )
         else:
             target = (
@@ -332,9 +357,15 @@ class Replay:
         )
         for upper in bounds:
             started = time.monotonic()
-            stored = replay_write_staged(
-                job=self.job, after=after, upto=upper, progress=self.tally.counted()
-            )
+            with transaction.atomic():
+                if self.job.runs > 1:
+                    # A staging load an earlier run left running (on a Spark
+                    # Connect server its client's death does not stop it) may
+                    # have staged these sources too.
+                    replay_stage_once(job_id=self.job.id, after=after, upto=upper)
+                stored = replay_write_staged(
+                    job=self.job, after=after, upto=upper, progress=self.tally.counted()
+                )
             after = upper
             # The write stored what it did; the tally goes on from there.
             self.tally.written, self.tally.skipped = stored.written, stored.skipped
@@ -349,3 +380,31 @@ class Replay:
     def _report(self, **extra: Any) -> None:
         if replay_run_progress(job_id=self.job.id, **self.tally.stored(), **extra):
             raise Cancelled
+
+
+def route_frame(frame: DataFrame, *, rules_text: str, target: str, queue_manager: str) -> DataFrame:
+    """``frame``'s rows (ROUTE_COLUMNS) routed by the rules table in
+    ``rules_text`` on the executors (``broker.rules.routing.route_rows``), as
+    ROUTED rows. Arrow batches in and out (mapInArrow): the same on a
+    driver's own session and on a Spark Connect server, which has no RDDs."""
+
+    def route(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            routed = list(
+                route_rows(
+                    batch.to_pylist(),
+                    rules_text=rules_text,
+                    target=target,
+                    queue_manager=queue_manager,
+                )
+            )
+            columns = list(zip(*routed, strict=True)) if routed else [()] * len(ROUTED_ARROW)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(column, type=spec.type)
+                    for column, spec in zip(columns, ROUTED_ARROW, strict=True)
+                ],
+                schema=ROUTED_ARROW,
+            )
+
+    return frame.select(*ROUTE_COLUMNS).mapInArrow(route, ROUTED)
