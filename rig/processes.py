@@ -138,7 +138,7 @@ class SparkConnectServer:
         command = [sys.executable, "-m", "workers.spark.connect_server", "serve"]
         with self.log_file.open("ab") as log:
             self.process = subprocess.Popen(
-                [*command, "--port", str(self.port)],
+                [*command, "--port", str(self.port), "--scratch", str(self.directory / "scratch")],
                 cwd=ROOT,
                 env={**os.environ, **self.extra_env},
                 stdout=log,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -161,3 +162,29 @@ def pids_in_session(session: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
     return pids
+
+
+def test_make_run_says_why_when_its_spark_connect_server_cannot_start(fresh_database_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        spark_port = taken.getsockname()[1]
+        env = {
+            **{key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"},
+            "DATABASE_URL": fresh_database_url,
+            "PORT": str(free_port()),
+            "HA_LISTEN": f"127.0.0.1:{free_port()}",
+            "SPARK_CONNECT_PORT": str(spark_port),
+        }
+        result = subprocess.run(
+            ["make", "run"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            start_new_session=True,
+        )
+    assert result.returncode != 0
+    assert f"run: error: port {spark_port}, the Spark Connect server's, is taken" in result.stderr
+    assert "gunicorn" not in result.stdout + result.stderr

@@ -312,3 +312,19 @@ def test_the_pipeline_worker_says_once_which_spark_it_uses(
     lines = [line for line in log.read_text().splitlines() if "Spark jobs run" in line]
     assert len(lines) == 1, lines
     assert said in lines[0]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_a_server_elsewhere_is_refused_a_database_host_that_is_this_machine(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    """The server would reach its own machine at that address, not PostgreSQL;
+    refused before any connection is tried."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workers.spark.session import spark_session
+
+    settings.SPARK_REMOTE = "sc://spark-connect.invalid:15002"
+    monkeypatch.setitem(connection.settings_dict, "HOST", host)
+    with pytest.raises(ImproperlyConfigured, match=rf"^DATABASE_URL: {host} is this machine's own"):
+        spark_session("lazaretto-test")

@@ -2,7 +2,8 @@
 (its jars/spark-connect_*.jar), started the way `make run` and the test
 suite start it:
 
-    python -m workers.spark.connect_server serve [--port 15002] [--bind 127.0.0.1] [--log FILE]
+    python -m workers.spark.connect_server serve [--port 15002] [--bind 127.0.0.1]
+        [--log FILE] [--scratch DIR]
     python -m workers.spark.connect_server wait sc://127.0.0.1:15002 [--pid PID] [--timeout 180]
 
 ``serve`` becomes the server's JVM (spark-submit, in the foreground: stop it
@@ -40,8 +41,16 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-def server_command(port: int, *, bind: str = "127.0.0.1", jdbc: bool = True) -> list[str]:
-    """spark-submit running the Spark Connect server on ``bind``:``port``;
+def scratch_dir(port: int) -> Path:
+    """The server's scratch space (spark.local.dir, its warehouse) by default."""
+    return ROOT / "var" / "spark-connect" / str(port)
+
+
+def server_command(
+    port: int, *, bind: str = "127.0.0.1", jdbc: bool = True, scratch: Path | None = None
+) -> list[str]:
+    """spark-submit running the Spark Connect server on ``bind``:``port``,
+    its scratch space in ``scratch`` (default: ``scratch_dir(port)``);
     ``jdbc`` puts PostgreSQL's JDBC driver on its classpath."""
     jars = []
     if jdbc:
@@ -52,13 +61,14 @@ def server_command(port: int, *, bind: str = "127.0.0.1", jdbc: bool = True) -> 
                 "(Debian's libpostgresql-jdbc-java) or point SPARK_JDBC_JAR at the driver's jar."
             )
         jars = ["--jars", str(jar)]
-    scratch = ROOT / "var" / "spark-connect" / str(port)
+    scratch = scratch or scratch_dir(port)
     conf = {
         "spark.connect.grpc.binding.address": bind,
         "spark.connect.grpc.binding.port": str(port),
         "spark.connect.execute.manager.detachedTimeout": DETACHED_TIMEOUT,
         "spark.connect.execute.manager.maintenanceInterval": "5s",
         "spark.local.dir": str(scratch),
+        "spark.sql.warehouse.dir": str(scratch / "warehouse"),
         "spark.driver.memory": settings.LAZARETTO_SPARK_DRIVER_MEMORY,
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -88,12 +98,13 @@ def server_env(bind: str = "127.0.0.1") -> dict[str, str]:
     return env
 
 
-def serve(port: int, bind: str, log: Path | None = None) -> None:
+def serve(port: int, bind: str, log: Path | None = None, scratch: Path | None = None) -> None:
     """Become the server (exec): its process is this one, so a SIGTERM to
     it, or to its process group, stops it. Its output goes to ``log``
     (appended) when given."""
-    command = server_command(port, bind=bind)
-    (ROOT / "var" / "spark-connect" / str(port)).mkdir(parents=True, exist_ok=True)
+    scratch = scratch or scratch_dir(port)
+    command = server_command(port, bind=bind, scratch=scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -150,6 +161,7 @@ def main(argv: list[str]) -> int:
     run.add_argument("--port", type=int, default=CONNECT_PORT)
     run.add_argument("--bind", default="127.0.0.1")
     run.add_argument("--log", type=Path, help="append the server's output to this file")
+    run.add_argument("--scratch", type=Path, help="scratch space (var/spark-connect/PORT)")
     wait = commands.add_parser("wait", help="wait until a server answers")
     wait.add_argument("url")
     wait.add_argument("--pid", type=int)
@@ -157,7 +169,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if options.command == "serve":
         try:
-            serve(options.port, options.bind, options.log)
+            serve(options.port, options.bind, options.log, options.scratch)
         except ImproperlyConfigured as error:
             print(f"spark-connect: {error}", file=sys.stderr)
             return 1
