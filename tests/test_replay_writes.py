@@ -8,6 +8,7 @@ copies and the jobs is tried on a database holding ledgers."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from typing import Any
@@ -38,6 +39,7 @@ from broker.services.transitions.replayed import messages_archived, messages_rep
 from rig.processes import wait_until
 from tests.support.messages import dead_lettered, delivered
 from tests.support.publishing import published
+from workers.spark.replay import id_ranges
 
 S = MessageState
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -303,3 +305,20 @@ def test_the_migration_moves_the_ledgers_onto_the_copies_and_the_jobs_marks(db):
         "SELECT indexrelid::regclass::text FROM pg_index"
         " WHERE indrelid = 'broker_message_live'::regclass AND indisunique AND NOT indisprimary"
     ) == [("message_replayed_once_idx",)]
+
+
+def test_a_replay_reads_small_ranges_first_then_full_ones():
+    ranges = list(id_ranges(1, 1_000_000, 1_000_000, 250_000))
+
+    assert [last - first + 1 for first, last in ranges] == [5_000, 20_000, 80_000] + [
+        250_000
+    ] * 3 + [145_000]
+    assert ranges[0][0] == 1
+    assert ranges[-1][1] == 1_000_000
+    assert all(after[0] == before[1] + 1 for before, after in itertools.pairwise(ranges))
+    # Ids spread ten to a row: ranges of ten times as many ids.
+    assert next(id_ranges(1, 10_000_000, 1_000_000, 250_000)) == (1, 50_000)
+    # A source of one slice or less is one range.
+    assert list(id_ranges(1, 100_000, 10_000, 250_000)) == [(1, 100_000)]
+    # Ranges smaller than the first one's size stay as asked.
+    assert list(id_ranges(1, 300, 300, 100)) == [(1, 100), (101, 200), (201, 300)]

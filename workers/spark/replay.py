@@ -1,14 +1,18 @@
 """The replay job's Spark driver.
 
-For each id range of the source (LAZARETTO_REPLAY_SLICE_ROWS rows): read it
-over JDBC in LAZARETTO_SPARK_PARTITIONS partitions (or from the archive's
-Parquet files), mark what the filter keeps, route it (the job's target, or
-the rules table on the executors), load what is to be written into the
-staging table, then write the copies with one set-based statement per range
-(per second's worth under a velocity limit) that skips what the job wrote
-before. Counts are stored after each step, so the console shows progress,
-and a cancel is honoured between steps (the launcher also stops the driver
-outright).
+For each id range of the source (LAZARETTO_REPLAY_SLICE_ROWS rows; the
+first ranges of a larger source smaller, FIRST_SLICE_ROWS growing
+SLICE_GROWTH-fold, so the first copies are written seconds after the
+start): read it over JDBC in LAZARETTO_SPARK_PARTITIONS partitions (or from
+the archive's Parquet files), mark what the filter keeps, route it (the
+job's target, or the rules table on the executors), load what is to be
+written into the staging table, then write the copies with one set-based
+statement per range (per second's worth under a velocity limit) that skips
+what the job wrote before. A range's write runs in a thread of its own while
+Spark reads and routes the next range (``Writes``): one write at a time, in
+the order of the ranges. Counts are stored after each step, so the console
+shows progress, and a cancel is honoured between steps (the launcher also
+stops the driver outright).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -66,6 +71,10 @@ logger = logging.getLogger(__name__)
 
 FILTERED = "filtered"
 MAX_ID = 2**63 - 1  # bigint's largest: an archive replay is one range
+# The first range's rows, and how much larger each next one is, up to
+# LAZARETTO_REPLAY_SLICE_ROWS.
+FIRST_SLICE_ROWS = 5_000
+SLICE_GROWTH = 4
 SAMPLE_ROWS = 10
 # Tests: the driver kills itself right after its first write commits.
 KILL_AFTER_WRITE = "LAZARETTO_REPLAY_KILL_AFTER_WRITE"
@@ -127,17 +136,21 @@ class Tally:
     def stored(self) -> dict[str, Any]:
         return {**self.counted(), "written": self.written, "per_target": dict(self.per_target)}
 
-    def counted(self) -> dict[str, Any]:
-        """What the driver counts itself; a write adds what it wrote, and
-        the staged sources it skipped as written by an earlier run."""
+    def routed(self) -> dict[str, Any]:
+        """What the driver alone counts: what it read and how it routed it."""
         return {
             "read": self.read,
             "matched": self.matched,
-            "skipped": self.skipped,
             "failed": self.failed,
             "per_rule": dict(self.per_rule),
-            "sample": self.sample,
+            "sample": list(self.sample),
         }
+
+    def counted(self) -> dict[str, Any]:
+        """What a write stores with what it did: ``routed`` and the sources
+        skipped so far (a write adds what it wrote, and the staged sources
+        it skipped as written by an earlier run)."""
+        return {**self.routed(), "skipped": self.skipped}
 
 
 def replay_main(job_id: int) -> int:
@@ -170,9 +183,16 @@ class Replay:
         self.tally = Tally()
         self.from_archive = job.source == ReplaySource.ARCHIVE
         self.queues = queue_names()
+        self.writes = Writes()
 
     def run(self) -> None:
         replay_stage_clear(job_id=self.job.id)
+        with self.writes:
+            self._run()
+            self._settled(self.writes.settle())
+        self._report()
+
+    def _run(self) -> None:
         if self.from_archive:
             # Kept (memory, then disk) so the count and the routing read the
             # Parquet files once.
@@ -190,10 +210,9 @@ class Replay:
         if not source.rows:
             return
         query = source_query(self.spec, with_payload=bool(self.spec.filter.payload_text))
-        slices = max(1, math.ceil(source.rows / settings.LAZARETTO_REPLAY_SLICE_ROWS))
-        step = math.ceil((source.last_id - source.first_id + 1) / slices)
-        for first in range(source.first_id, source.last_id + 1, step):
-            last = min(first + step - 1, source.last_id)
+        for first, last in id_ranges(
+            source.first_id, source.last_id, source.rows, settings.LAZARETTO_REPLAY_SLICE_ROWS
+        ):
             self._slice(read_range(self.spark, query, first, last), first - 1, last)
 
     # --- reading -----------------------------------------------------------------
@@ -289,7 +308,13 @@ class Replay:
         finally:
             routed.unpersist()
         if not self.job.dry_run and staged:
-            self._write(after, upto)
+            # The write before this one first: its counts go into this one's.
+            self._settled(self.writes.settle())
+            if self.job.velocity is None:
+                progress = self.tally.counted()
+                self.writes.submit(lambda: self._write_range(after, upto, progress))
+            else:
+                self._write_paced(after, upto)
         self._report()
 
     def _count(self, groups: list[Any]) -> int:
@@ -345,41 +370,115 @@ class Replay:
 
     # --- writing -----------------------------------------------------------------
 
-    def _write(self, after: int, upto: int) -> None:
-        """Write the range's staged copies: in one statement, or under a
-        velocity limit in statements of at most ``velocity`` messages, a
-        second apart; each stores the run's counts as it commits."""
-        velocity = self.job.velocity
-        bounds = (
-            [upto]
-            if velocity is None
-            else replay_stage_bounds(job_id=self.job.id, after=after, upto=upto, velocity=velocity)
+    def _write_range(self, after: int, upto: int, progress: dict[str, Any]) -> ReplayJob:
+        """Write the range's staged copies in one statement (in the writer's
+        thread); returns the job as stored."""
+        stored = self._write_staged(after, upto, progress)
+        replay_stage_clear(job_id=self.job.id, upto=upto)
+        return stored
+
+    def _write_paced(self, after: int, upto: int) -> None:
+        """Write the range's staged copies under the job's velocity limit,
+        in statements of at most ``velocity`` messages, a second apart."""
+        assert self.job.velocity is not None
+        bounds = replay_stage_bounds(
+            job_id=self.job.id, after=after, upto=upto, velocity=self.job.velocity
         )
         for upper in bounds:
             started = time.monotonic()
-            with transaction.atomic():
-                if self.job.runs > 1:
-                    # A staging load an earlier run left running (on a Spark
-                    # Connect server its client's death does not stop it) may
-                    # have staged these sources too.
-                    replay_stage_once(job_id=self.job.id, after=after, upto=upper)
-                stored = replay_write_staged(
-                    job=self.job, after=after, upto=upper, progress=self.tally.counted()
-                )
+            self._settled(self._write_staged(after, upper, self.tally.counted()))
             after = upper
-            # The write stored what it did; the tally goes on from there.
-            self.tally.written, self.tally.skipped = stored.written, stored.skipped
-            self.tally.per_target = Counter(stored.per_target)
-            if os.environ.get(KILL_AFTER_WRITE):
-                os.kill(os.getpid(), signal.SIGKILL)
-            if velocity is not None and upper != bounds[-1]:
+            if upper != bounds[-1]:
                 self._report()
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
         replay_stage_clear(job_id=self.job.id, upto=upto)
 
+    def _write_staged(self, after: int, upto: int, progress: dict[str, Any]) -> ReplayJob:
+        """One write of the staged copies of (after, upto], which stores
+        ``progress`` (the run's counts as they stood when the range was
+        staged) with what it wrote, as it commits."""
+        with transaction.atomic():
+            if self.job.runs > 1:
+                # A staging load an earlier run left running (on a Spark
+                # Connect server its client's death does not stop it) may
+                # have staged these sources too.
+                replay_stage_once(job_id=self.job.id, after=after, upto=upto)
+            stored = replay_write_staged(job=self.job, after=after, upto=upto, progress=progress)
+        if os.environ.get(KILL_AFTER_WRITE):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return stored
+
+    def _settled(self, stored: ReplayJob | None) -> None:
+        """The tally goes on from what a write stored."""
+        if stored is not None:
+            self.tally.written, self.tally.skipped = stored.written, stored.skipped
+            self.tally.per_target = Counter(stored.per_target)
+
     def _report(self, **extra: Any) -> None:
-        if replay_run_progress(job_id=self.job.id, **self.tally.stored(), **extra):
+        """Store the run's counts. While a write is under way, only those
+        the driver keeps alone: the write stores the others as it commits."""
+        counts = self.tally.stored() if self.writes.settled else self.tally.routed()
+        if replay_run_progress(job_id=self.job.id, **counts, **extra):
             raise Cancelled
+
+
+def id_ranges(first: int, last: int, rows: int, slice_rows: int) -> Iterator[tuple[int, int]]:
+    """[first, last] as consecutive id ranges of about ``slice_rows`` of its
+    ``rows`` rows each (ids spread evenly), the first ones smaller:
+    FIRST_SLICE_ROWS, then SLICE_GROWTH times as many each. A source of one
+    slice or less is one range: its first write comes soon anyway, and each
+    range costs its own Spark jobs."""
+    if rows <= slice_rows:
+        yield first, last
+        return
+    per_id = rows / (last - first + 1)
+    size = min(FIRST_SLICE_ROWS, slice_rows)
+    while first <= last:
+        upto = min(first + max(1, math.ceil(size / per_id)) - 1, last)
+        yield first, upto
+        first, size = upto + 1, min(size * SLICE_GROWTH, slice_rows)
+
+
+class Writes:
+    """A run's range writes, each in a thread of its own (with its own
+    database connection) while the driver goes on with the next range: one
+    at a time, in the order they were submitted. ``settle`` waits for the
+    write under way and returns what it stored, or raises its error."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-write")
+        self._pending: Future[ReplayJob] | None = None
+
+    def submit(self, write: Callable[[], ReplayJob]) -> None:
+        """Start ``write``; the one before must be settled."""
+        assert self._pending is None, "the write before is not settled"
+        self._pending = self._pool.submit(write)
+
+    def settle(self) -> ReplayJob | None:
+        """Wait for the write under way, if any; what it stored."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
+
+    @property
+    def settled(self) -> bool:
+        """No write under way, or not settled yet."""
+        return self._pending is None
+
+    def __enter__(self) -> Writes:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        try:
+            if kind is None:
+                self.settle()
+            elif self._pending is not None:
+                # The run failed or was cancelled: the write under way
+                # commits or not as a whole, and the run's error is the one
+                # to report.
+                wait([self._pending])
+        finally:
+            self._pool.submit(connections.close_all).result()
+            self._pool.shutdown()
 
 
 def route_frame(frame: DataFrame, *, rules_text: str, target: str, queue_manager: str) -> DataFrame:
