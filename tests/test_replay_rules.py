@@ -110,8 +110,11 @@ messages = st.lists(
 
 
 def _spark_routes(spark: SparkSession, table: str) -> dict[int, tuple[str, str, bool, int]]:
-    """Route the dead-letter queue's rows as the replay job reads them."""
-    query = source_query(ReplaySpec(source="dead_letter", source_queue=DLQ), with_payload=False)
+    """Route the dead-letter queue's rows as the replay job reads them for
+    a rules table."""
+    query = source_query(
+        ReplaySpec(source="dead_letter", source_queue=DLQ, rules_text=table), with_payload=False
+    )
     with connection.cursor() as cursor:
         cursor.execute(query)
         names = [column.name for column in cursor.description]
