@@ -86,6 +86,37 @@ def test_one_courier_a_queue_waits(db):
     assert heard == [False, True]
 
 
+def test_a_successor_takes_the_place_of_the_courier_that_waits(db):
+    """A task that has delivered while it waited asks for its successor
+    before its time is up; the successor waits for its place rather than
+    leave the queue without a listener in between."""
+    queue = queue_create(name="Q", consumer="noop")
+    heard: list[tuple[bool, float]] = []
+
+    def successor(within: float) -> None:
+        with queue_courier(queue_id=queue.id, worker="test:2") as courier:
+            assert courier is not None
+            started = time.monotonic()
+            with courier.listening(take_over_within=within) as listener:
+                heard.append((listener, time.monotonic() - started))
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+            in_thread(lambda: successor(0.2))
+            waiting = threading.Thread(target=in_thread, args=(lambda: successor(10.0),))
+            waiting.start()
+            time.sleep(0.5)
+        waiting.join()
+
+    [(too_soon, _), (taken, after)] = heard
+    assert not too_soon
+    assert taken
+    # It had its place once the first courier left it, not at its deadline.
+    assert 0.3 < after < 5
+
+
 @pytest.fixture
 def quiet_workers(start_workers: Callable[..., Workers]) -> Callable[..., Workers]:
     """Workers whose delivery tasks wait 10 s for more, and whose dispatch

@@ -76,8 +76,17 @@ def _scan(name: str, run: Callable[[], None]) -> None:
         _rest_until[name] = ended + SCAN_REST_FACTOR * (ended - started)
 
 
-def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 60.0) -> None:
-    """Ask workers to deliver from a queue, best effort.
+def wake(
+    *,
+    queue_id: int,
+    lease_seconds: int,
+    tasks: int = 1,
+    expires: float = 60.0,
+    successor: bool = False,
+) -> None:
+    """Ask workers to deliver from a queue, best effort; a ``successor``
+    takes over the waiting for the queue's announcements from the task that
+    asks for it.
 
     A delivery task that outlives its time limit (a hung consumer) is killed
     with its worker process, which the sweeper counts as a crash.
@@ -86,6 +95,7 @@ def wake(*, queue_id: int, lease_seconds: int, tasks: int = 1, expires: float = 
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
+                {"successor": True} if successor else None,
                 time_limit=task_time_limit(lease_seconds),
                 expires=expires,
                 retry=False,
@@ -119,29 +129,49 @@ def _observe_lag(task: Task, gauge: Gauge) -> None:
         gauge.set(max(time.time() - sent_at, 0.0))
 
 
+# A task waiting on its queue that has delivered asks for its successor this
+# long before its time is up; the successor waits up to HANDOVER_WAIT_SECONDS
+# for its place, so no announcement falls between the two.
+HANDOVER_SECONDS = 0.2
+HANDOVER_WAIT_SECONDS = 1.0
+
+
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
-def deliver(queue_id: int) -> None:
+def deliver(queue_id: int, successor: bool = False) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
     nothing due or the task's time budget is spent; then hand over. With
     nothing due and budget left, wait for the queue to be announced
     (``broker.services.delivery``) and deliver again, until the budget is
-    spent or another queue is announced."""
+    spent or another queue is announced. A ``successor`` waits for its
+    predecessor's place."""
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
         if courier is None or _deliver_due(courier, budget_ends, suspects=True):
             return
-        delivered, announced = False, None
-        with courier.listening() as listener:
+        delivered = handed_over = False
+        announced: int | None = None
+        take_over = HANDOVER_WAIT_SECONDS if successor else 0.0
+        with courier.listening(take_over_within=take_over) as listener:
             # Listening from now on: look once more for what was announced
             # before. No probe for suspects on an announcement, one round trip
             # less before the claim: the sweeper wakes a task for each suspect.
             while listener and not _deliver_due(courier, budget_ends, suspects=False):
-                announced = courier.wait_announced(budget_ends)
+                handover = delivered and not handed_over
+                until = budget_ends - HANDOVER_SECONDS if handover else budget_ends
+                announced = courier.wait_announced(until)
+                if announced is None and handover:
+                    # Messages keep coming: a new task takes over the waiting.
+                    wake(
+                        queue_id=queue_id,
+                        lease_seconds=courier.queue.lease_seconds,
+                        successor=True,
+                    )
+                    handed_over = True
+                    continue
                 if announced != queue_id:
                     break
                 delivered = True
-        if delivered and announced is None:
-            # Messages keep coming: a new task waits on.
+        if delivered and not handed_over and announced is None:
             wake(queue_id=queue_id, lease_seconds=courier.queue.lease_seconds)
 
 

@@ -52,7 +52,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from structlog.contextvars import bind_contextvars, bound_contextvars, reset_contextvars
 
 from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
@@ -231,15 +232,19 @@ class Courier:
         return outcome
 
     @contextmanager
-    def listening(self) -> Iterator[bool]:
+    def listening(self, *, take_over_within: float = 0.0) -> Iterator[bool]:
         """Listen for announcements of the queue, unless another courier of
-        the queue does; yields whether this one does. A message announced
-        from then on is not missed: announcements that arrive during a
-        statement wait for ``wait_announced``."""
+        the queue does (or still does ``take_over_within`` seconds from
+        now); yields whether this one does. A message announced from then on
+        is not missed: announcements that arrive during a statement wait for
+        ``wait_announced``."""
         key = [LISTENER_LOCK_CLASS, self.queue.id]
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
-            [(alone,)] = cursor.fetchall()
+            if take_over_within > 0:
+                alone = _advisory_lock_within(cursor, key, take_over_within)
+            else:
+                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+                [(alone,)] = cursor.fetchall()
             if alone:
                 cursor.execute(f"LISTEN {WAKE_CHANNEL}")
         if not alone:
@@ -306,6 +311,23 @@ def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Couri
             handler=consumer_for(queue.consumer, webhook),
             head=_heads.setdefault(queue.id, Head()),
         )
+
+
+def _advisory_lock_within(cursor: CursorWrapper, key: list[int], seconds: float) -> bool:
+    """Take the advisory lock ``key`` (two keys), waiting at most ``seconds``."""
+    cursor.execute(
+        "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, false)",
+        [f"{max(1, round(seconds * 1000))}ms"],
+    )
+    [(before, _)] = cursor.fetchall()
+    try:
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", key)
+    except OperationalError:  # lock_timeout: another courier still listens
+        return False
+    else:
+        return True
+    finally:
+        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [before])
 
 
 def queue_announce(*, queue_id: int) -> None:
