@@ -164,6 +164,11 @@ def validate_webhook_url(url: str) -> None:
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise problem
     try:
+        # What DNS would be asked: a label over 63 characters, say, is no name.
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise problem from None
+    try:
         check_url(url, unresolved_ok=True)
     except DestinationRefused as refused:
         raise ValidationError(

@@ -52,7 +52,7 @@ def addresses_of(host: str, port: int) -> list[Address]:
         return [literal]
     try:
         found = getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as error:
+    except (OSError, UnicodeError) as error:  # UnicodeError: not a name IDNA can encode
         raise Unresolved(f"{host} does not resolve ({error})") from None
     addresses: list[Address] = []
     for *_, sockaddr in found:

@@ -89,6 +89,9 @@ def test_a_dead_letter_queue_that_is_not_there_is_a_404(admin_api, orders, name)
         ("alarm_webhook_url", "ftp://alarms.example.com/"),
         ("alarm_webhook_url", "http://"),
         ("alarm_webhook_url", "javascript:alert(1)"),
+        # A host label over 63 characters: no name DNS could be asked for.
+        ("alarm_webhook_url", "https://81.29.005.955" + "*" * 100),
+        ("consumer", "https://hooks." + "a" * 64 + ".example/"),
     ],
 )
 def test_it_rejects_bad_settings_beside_their_field(admin_api, orders, field, value):
