@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from bench import _celery
-from bench._harness import BenchError, depths, log
+from bench._harness import BenchError, delivered, depths, log
 from bench._loaders import PUT_APPLICATION, PUT_USER
 from bench._peer_worker import publish_times
 
@@ -32,15 +32,6 @@ RETENTIONS = {
     "lazaretto-headers": "headers",
     "lazaretto-none": "none",
 }
-LIVE_STATES = ("TBDL", "DLNG", "NDLV", "FAIL")
-DELIVERED_SQL = "SELECT delivered FROM broker_queuetotal_current WHERE queue_id = %s"
-KEPT_SQL = """
-SELECT count(*) FILTER (WHERE state = 'DLVD'),
-       count(*) FILTER (WHERE state = 'DLVD' AND payload IS NULL),
-       count(*) FILTER (WHERE attempts > 1),
-       count(*)
-FROM broker_message WHERE queue_id = %s
-"""
 # Each delivered message's publish (the publish transaction's now()) and its
 # time to the acknowledgement (the ack statement's now(), which it writes as
 # updated_at): what the acknowledgement returns and /metrics observes.
@@ -62,11 +53,6 @@ def make_queue(name: str, *, batch: int, retention: str, size: int, paused: bool
         paused=paused,
         delivered_retention=retention,
     )
-
-
-def delivered(conn: psycopg.Connection[Any], queue_id: int) -> int:
-    row = conn.execute(DELIVERED_SQL, [queue_id]).fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
 
 
 def wait_all_acknowledged(
@@ -121,11 +107,11 @@ def verify_kept(conn: psycopg.Connection[Any], queue_id: int, count: int, retent
     """Every message was acknowledged once (the delivered counter), none is
     live, and the queue kept what its mode keeps, in the table and in the
     DLVD depth."""
-    row = conn.execute(KEPT_SQL, [queue_id]).fetchone()
+    row = conn.execute(_celery.OUTCOME_SQL, [queue_id]).fetchone()
     dlvd, without_payload, redelivered, rows = row if row else (None, None, None, None)
     depth = depths(conn, queue_id)
     acknowledged = delivered(conn, queue_id)
-    live = sum(depth.get(state, 0) for state in LIVE_STATES)
+    live = sum(depth.get(state, 0) for state in _celery.LIVE_STATES)
     kept = expected_kept(retention, count)
     if (dlvd, without_payload, rows) != kept or depth.get("DLVD", 0) != kept[0]:
         raise BenchError(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections import Counter
 from datetime import UTC, datetime
 from io import StringIO
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import QuerySet
 
 from broker.errors import InvalidInput
@@ -37,6 +36,7 @@ from broker.services.queues import queue_create
 from rig.processes import wait_until
 from tests.conftest import SPARK_MODES
 from tests.support.messages import claimed, dead_lettered, quarantined
+from tests.support.replay import copies_per_source, launched_in_background
 from workers.pipeline import replay_job_launch
 from workers.spark.replay import KILL_AFTER_WRITE
 
@@ -66,10 +66,6 @@ def run(job: ReplayJob) -> ReplayJob:
 
 def copies_of(job: ReplayJob) -> QuerySet[Message]:
     return Message.objects.filter(replay_job_id=job.id)
-
-
-def copies_per_source(job: ReplayJob) -> Counter[int | None]:
-    return Counter(copies_of(job).values_list("replay_source_id", flat=True))
 
 
 @both_modes
@@ -119,26 +115,12 @@ def test_10000_dead_lettered_messages_go_back_once_and_are_delivered(start_worke
     ) == [10_000, 0]
 
 
-def _launch_in_background(job: ReplayJob) -> tuple[threading.Thread, dict[str, ReplayJob]]:
-    ended: dict[str, ReplayJob] = {}
-
-    def launch() -> None:
-        try:
-            ended["job"] = replay_job_launch(job.id)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=launch)
-    thread.start()
-    return thread, ended
-
-
 def test_a_driver_killed_midway_then_run_again_completes_without_duplicates():
     orders = queue_create(name="ORDERS.IN", consumer="")
     sources = dead_lettered(orders, 3000)
     # 1,000 a second: the kill lands while copies are being written.
     job = submit(velocity=1000)
-    thread, ended = _launch_in_background(job)
+    thread, ended = launched_in_background(job)
     running = wait_until(
         lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
         timeout=120,
@@ -190,7 +172,7 @@ def test_cancel_stops_the_driver_and_leaves_what_was_written():
     orders = queue_create(name="ORDERS.IN", consumer="")
     dead_lettered(orders, 3000)
     job = submit(velocity=500)
-    thread, ended = _launch_in_background(job)
+    thread, ended = launched_in_background(job)
     wait_until(
         lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).exists(),
         timeout=120,

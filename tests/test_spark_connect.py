@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from broker.models import Message, ReplayJob, ReplayJobStatus
 from broker.pipeline.replay import (
@@ -41,6 +40,7 @@ from rig.processes import (
 )
 from tests.conftest import SPARK_TEST_SETTINGS
 from tests.support.messages import dead_lettered
+from tests.support.replay import copies_per_source, launched_in_background
 from workers.pipeline import replay_job_launch
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -58,29 +58,9 @@ def on_orders() -> int:
     return Message.objects.filter(queue__name="ORDERS.IN").count()
 
 
-def copies_per_source(job: ReplayJob) -> Counter[int | None]:
-    return Counter(
-        Message.objects.filter(replay_job_id=job.id).values_list("replay_source_id", flat=True)
-    )
-
-
 def run_again(job: ReplayJob) -> ReplayJob:
     replay_job_run_again(job_id=job.id, actor=None)
     return replay_job_launch(job.id)
-
-
-def launched_in_background(job: ReplayJob) -> tuple[threading.Thread, dict[str, ReplayJob]]:
-    ended: dict[str, ReplayJob] = {}
-
-    def launch() -> None:
-        try:
-            ended["job"] = replay_job_launch(job.id)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=launch)
-    thread.start()
-    return thread, ended
 
 
 @pytest.mark.usefixtures("spark_env")
