@@ -163,6 +163,11 @@ def test_it_refuses_a_batch_over_1000(operator_api, orders):
         ({"payload": "x", "delay_seconds": -5}, "messages[0].delay_seconds"),
         ({"payload": "x", "content_type": "t" * 101}, "messages[0].content_type"),
         ({"payload": "\ud800"}, "messages[0].payload"),
+        ({"payload": "x", "headers": {"\u0000": "v"}}, "messages[0].headers"),
+        ({"payload": "x", "headers": {"a\u0000b": ""}}, "messages[0].headers"),
+        ({"payload": "x", "headers": {"\udc00": "v"}}, "messages[0].headers"),
+        ({"payload": "x", "headers": {"k": "\udc00"}}, "messages[0].headers.k"),
+        ({"payload": "x", "content_type": "a\u0000"}, "messages[0].content_type"),
     ],
 )
 def test_it_names_the_field_of_other_bad_input(operator_api, orders, body, field):

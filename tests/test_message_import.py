@@ -90,6 +90,10 @@ def test_an_import_is_audited_with_who_and_how_many(operator, operator_api, targ
         ('{"payload": 5}', "payload must be a string"),
         ('{"payload": "x", "colour": "red"}', "unknown field(s): colour"),
         ('{"payload": "x", "content_type": ""}', "content type must be 1 to 100"),
+        ('{"payload": "x", "content_type": "a\\u0000"}', "content type holds a NUL"),
+        ('{"payload": "x", "headers": {"\\u0000": "v"}}', "name '\\x00' holds a NUL"),
+        ('{"payload": "x", "headers": {"k": "\\u0000"}}', "Header 'k' holds a NUL"),
+        ('{"payload": "x", "headers": {"\\udc00": "v"}}', "holds a lone surrogate"),
         (json.dumps({"payload": "x" * 1025}), "queue ORDERS.COPY accepts at most 1,024"),
     ],
 )

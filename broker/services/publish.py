@@ -89,6 +89,18 @@ EXPIRING_COPY_SQL = (
 )
 
 
+def _unstorable(text: str) -> str | None:
+    """Why PostgreSQL could not store ``text``, or None: its text types hold
+    no NUL, and UTF-8 no lone surrogate."""
+    if "\x00" in text:
+        return "holds a NUL character"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "holds a lone surrogate"
+    return None
+
+
 def _validate(message: NewMessage, index: int, queue: Queue) -> None:
     """Raise for the first rule ``message`` (item ``index`` of its batch) breaks."""
 
@@ -129,6 +141,8 @@ def _validate(message: NewMessage, index: int, queue: Queue) -> None:
             )
     if not message.content_type or len(message.content_type) > 100:
         raise invalid("content_type", "The content type must be 1 to 100 characters.")
+    if problem := _unstorable(message.content_type):
+        raise invalid("content_type", f"The content type {problem}.")
     headers = message.headers
     if not isinstance(headers, Mapping):
         raise invalid("headers", "Headers must be a JSON object of string values.")
@@ -143,6 +157,10 @@ def _validate(message: NewMessage, index: int, queue: Queue) -> None:
             raise invalid(
                 "headers", f"Header {name!r} must be a string, not {type(value).__name__}."
             )
+        if problem := _unstorable(name):
+            raise invalid("headers", f"Header name {name!r} {problem}.")
+        if problem := _unstorable(value):
+            raise invalid("headers", f"Header {name!r} {problem}.")
     if len(json.dumps(headers).encode()) > MAX_HEADERS_JSON_BYTES:
         raise invalid("headers", f"Headers may take at most {MAX_HEADERS_JSON_BYTES:,} bytes.")
 
