@@ -13,6 +13,8 @@ import sys
 import time
 import zipfile
 from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,12 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.db.models import F
 
+from broker.errors import ReplayJobBusy
 from broker.models import Message, ReplayJob, ReplayJobStatus
 from broker.pipeline.replay import (
+    STALE_AFTER,
     replay_job_run_again,
     replay_job_submit,
     replay_stage_once,
@@ -34,6 +39,7 @@ from rig.processes import (
     ROOT,
     RedisServer,
     SparkConnectServer,
+    Workers,
     database_url_for_workers,
     free_port,
     wait_until,
@@ -201,6 +207,76 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+@pytest.mark.usefixtures("spark_env")
+def test_a_pipeline_worker_killed_midway_leaves_its_driver_to_finish_the_job(
+    start_workers: Callable[..., Workers],
+) -> None:
+    """The driver runs in a process group of its own: the worker's death is
+    not its death, and it closes the job itself."""
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    sources = dead_lettered(orders, 3000)
+    workers = start_workers(pipeline=True)
+    job = submit(velocity=1000)
+    running = wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
+        timeout=120,
+        what=f"the first copies; pipeline log:\n{workers.log('pipeline')[-3000:]}",
+    )
+    os.killpg(workers.processes["pipeline"].pid, signal.SIGKILL)
+    assert running.written < 3000
+
+    done = wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id).exclude(status=ReplayJobStatus.RUNNING).first(),
+        timeout=120,
+        what="the driver to close the job",
+    )
+    assert (done.status, done.written, done.runs) == (ReplayJobStatus.DONE, 3000, 1)
+    assert copies_per_source(job) == Counter(dict.fromkeys(sources, 1))
+
+
+@pytest.mark.usefixtures("spark_env")
+def test_a_pipeline_worker_killed_with_its_driver_leaves_a_job_a_new_worker_completes(
+    start_workers: Callable[..., Workers],
+) -> None:
+    """The whole machine lost midway: the job stays running, silent; once
+    its heartbeat is older than a running driver's ever is, it can be run
+    again, and the new run writes only what the dead one did not."""
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    sources = dead_lettered(orders, 3000)
+    workers = start_workers(pipeline=True)
+    job = submit(velocity=1000)
+    running = wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
+        timeout=120,
+        what=f"the first copies; pipeline log:\n{workers.log('pipeline')[-3000:]}",
+    )
+    assert running.driver_pid is not None
+    os.killpg(workers.processes["pipeline"].pid, signal.SIGKILL)
+    os.killpg(os.getpgid(running.driver_pid), signal.SIGKILL)
+    workers.stop()
+    silent = ReplayJob.objects.get(id=job.id)
+    assert silent.status == ReplayJobStatus.RUNNING
+    assert 0 < silent.written < 3000
+    with pytest.raises(ReplayJobBusy):
+        replay_job_run_again(job_id=job.id, actor=None)
+
+    # Time passes: the dead driver's last heartbeat is now stale.
+    ReplayJob.objects.filter(id=job.id).update(
+        heartbeat_at=F("heartbeat_at") - STALE_AFTER - timedelta(seconds=1)
+    )
+    start_workers(pipeline=True)
+    replay_job_run_again(job_id=job.id, actor=None)
+    again = wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id, runs=2, status=ReplayJobStatus.DONE).first(),
+        timeout=120,
+        what="the new worker to run the job again",
+    )
+    assert again.written + again.skipped == 3000
+    assert again.skipped == silent.written
+    assert on_orders() == 3000
+    assert copies_per_source(job) == Counter(dict.fromkeys(sources, 1))
 
 
 def test_a_run_again_writes_a_source_an_earlier_runs_load_staged_too_once(
