@@ -84,6 +84,7 @@ class QueueSettingsForm(forms.ModelForm):
     # and only a value typed into it replaces the current one.
     webhook_secret = forms.CharField(
         required=False,
+        strip=False,
         min_length=MIN_WEBHOOK_SECRET_LENGTH,
         max_length=MAX_WEBHOOK_SECRET_LENGTH,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),

@@ -225,3 +225,30 @@ def test_the_console_browser_takes_such_an_offset_too(admin, seeded):
     answer = client.get("/messages/", {"since": "2000-01-01T00:00:00-23:00"})
 
     assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/v1/queues/", {"name": "X.Q", "colour": "red"}, "colour"),
+        ("/api/v1/messages/bulk/", {"action": "fail", "ids": [1], "colour": "red"}, "colour"),
+        (
+            "/api/v1/messages/bulk/",
+            {"action": "fail", "filter": {"state": "NDLV", "colour": "red"}},
+            "filter.colour",
+        ),
+        (
+            "/api/v1/replay-jobs/",
+            {"source": "dead_letter", "filter": {"reason": "expired", "colour": "red"}},
+            "filter.colour",
+        ),
+    ],
+)
+def test_a_key_the_schema_does_not_list_is_a_field_error_nested_too(
+    admin_api, seeded, path, body, field
+):
+    answer = admin_api.post(path, body, format="json")
+
+    assert answer.status_code == 400, answer.content[:300]
+    assert answer.json()["field_errors"][field] == ["Unknown field."]
+    assert snapshot() == seeded

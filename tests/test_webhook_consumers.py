@@ -272,6 +272,37 @@ def test_the_api_refuses_a_secret_too_short_or_too_long(admin_api, hook, secret)
     assert secret not in response.content.decode()
 
 
+@pytest.mark.parametrize(
+    ("secret", "taken"),
+    [
+        ("", True),
+        ("s" * 15, False),
+        ("s" * 16, True),
+        (" " * 8 + "s" * 8, True),
+        ("s" * 256, True),
+        ("s" * 257, False),
+        ("s" * 16 + "\x00", False),
+    ],
+    ids=["blank", "15", "16", "spaces", "256", "257", "nul"],
+)
+def test_the_schema_says_which_secrets_the_api_takes(admin_api, hook, secret, taken):
+    schema = admin_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    stated = schema["components"]["schemas"]["QueueRequest"]["properties"]["webhook_secret"]
+    assert "minLength" not in stated
+    stated_takes = re.fullmatch(stated["pattern"], secret) and len(secret) <= stated["maxLength"]
+    assert bool(stated_takes) is taken
+
+    response = admin_api.post(
+        QUEUES, {"name": "HOOK.Q", "consumer": hook.url, "webhook_secret": secret}, format="json"
+    )
+
+    assert (response.status_code == 201) is taken, response.content[:300]
+    if taken:
+        assert Queue.objects.get(name="HOOK.Q").webhook_secret == secret
+    else:
+        assert "webhook_secret" in response.json()["field_errors"]
+
+
 # --- the settings through the console ----------------------------------------------
 
 # The settings form as the console's queue tests fill it, for a queue with

@@ -96,6 +96,7 @@ def held_to_schema(serializer: serializers.Serializer[Any], data: Any, run: Any)
 
 # A query string's parameters, taken as written (not trimmed), as the schema
 # states them: what a client sends is what is matched.
+# Nested in a request body, it is held to its schema as the body is.
 class QuerySerializer(serializers.Serializer[T]):
     def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         fields = super().get_fields()
@@ -103,6 +104,11 @@ class QuerySerializer(serializers.Serializer[T]):
             if isinstance(field, serializers.CharField):
                 field.trim_whitespace = False
         return fields
+
+    def to_internal_value(self, data: Any) -> Any:
+        if self.parent is None:
+            return super().to_internal_value(data)
+        return held_to_schema(self, data, super().to_internal_value)
 
 
 # A request body held to its schema (body_errors), then DRF's checks. (A

@@ -24,7 +24,12 @@ from broker.consumers import (
     validate_webhook_url,
 )
 from broker.errors import QueueNotFound
-from broker.models import QUEUE_NAME_MAX_LENGTH, Queue
+from broker.models import (
+    MAX_WEBHOOK_SECRET_LENGTH,
+    MIN_WEBHOOK_SECRET_LENGTH,
+    QUEUE_NAME_MAX_LENGTH,
+    Queue,
+)
 from broker.selectors import (
     LimitState,
     QueueSummary,
@@ -104,6 +109,16 @@ class WebhookPattern(RegexValidator):
         super().__call__(value)
 
 
+# A webhook secret is blank (POSTs go unsigned) or 16 to 256 characters,
+# taken as typed. A pattern rather than a minimum length, so that the schema
+# says a blank is taken too.
+SECRET_PATTERN = RegexValidator(
+    rf"\A(?:[^\x00]{{{MIN_WEBHOOK_SECRET_LENGTH},{MAX_WEBHOOK_SECRET_LENGTH}}})?\Z",
+    f"A secret is {MIN_WEBHOOK_SECRET_LENGTH} to {MAX_WEBHOOK_SECRET_LENGTH} characters; "
+    "blank for unsigned POSTs.",
+)
+
+
 class QueueSerializer(BodyModelSerializer[Queue]):
     """A queue's name and settings."""
 
@@ -138,6 +153,9 @@ class QueueSerializer(BodyModelSerializer[Queue]):
             **{
                 name: {
                     "write_only": True,
+                    "trim_whitespace": False,
+                    "min_length": None,
+                    "validators": [SECRET_PATTERN],
                     "help_text": "Shared secret (16 to 256 characters) that signs each webhook "
                     "POST with HMAC-SHA256 (Lazaretto-Signature); write-only; blank: unsigned.",
                 }
