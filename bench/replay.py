@@ -213,7 +213,7 @@ def driver_environment(redis_url: str) -> None:
 
 def classify_replay(application: str, query: str) -> str | None:
     text = query.lstrip().upper()
-    if text.startswith("WITH PICKED"):
+    if "INSERT INTO BROKER_MESSAGE " in text:
         return "replay_insert"
     if text.startswith("INSERT INTO BROKER_REPLAYSTAGE"):
         return "stage_load"

@@ -200,7 +200,11 @@ def test_the_report_prints_the_definition_and_every_verdict(
 
 
 def test_the_job_watcher_names_the_replay_statements() -> None:
-    assert replay.classify_replay("x", "WITH picked AS (...) INSERT ...") == "replay_insert"
+    from broker.services.transitions.replayed import _FROM_ARCHIVE_SQL, _FROM_HOT_SQL
+
+    # The statements the writer runs, as they are.
+    assert replay.classify_replay("x", _FROM_HOT_SQL) == "replay_insert"
+    assert replay.classify_replay("x", _FROM_ARCHIVE_SQL) == "replay_insert"
     assert replay.classify_replay("x", "INSERT INTO broker_replaystage ...") == "stage_load"
     assert replay.classify_replay("PostgreSQL JDBC Driver", "SELECT 1") == "jdbc_read"
     assert replay.classify_replay("x", "SELECT 1") is None
