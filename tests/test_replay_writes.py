@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from broker.models import (
@@ -201,12 +201,12 @@ def test_a_second_writer_of_the_same_range_waits_for_the_first_and_writes_nothin
     """Two writers of one job's range that bypass its mark (the write alone,
     not replay_write_staged, which locks the job first): the unique index of
     the live partition holds, the second waits for the first to commit and
-    then writes nothing, and raises nothing."""
+    then fails as a whole, writing nothing."""
     orders = queue_create(name="ORDERS.IN", consumer="")
     sources = dead_lettered(orders, 3)
     job = a_job()
     staged(job, sources)
-    wrote: dict[str, dict[int, int]] = {}
+    wrote: dict[str, dict[int, int] | Exception] = {}
     first_wrote, commit = threading.Event(), threading.Event()
 
     def writer(name: str, hold: bool) -> None:
@@ -218,6 +218,8 @@ def test_a_second_writer_of_the_same_range_waits_for_the_first_and_writes_nothin
                 if hold:
                     first_wrote.set()
                     commit.wait(30)
+        except IntegrityError as error:
+            wrote[name] = error
         finally:
             connections.close_all()
 
@@ -235,7 +237,22 @@ def test_a_second_writer_of_the_same_range_waits_for_the_first_and_writes_nothin
         second.join(30)
         replay_stage_clear(job_id=job.id)
 
-    assert wrote == {"first": {orders.id: 3}, "second": {}}
+    assert wrote["first"] == {orders.id: 3}
+    assert "message_replayed_once_idx" in str(wrote["second"])
+    assert copies(job) == Counter(sources)
+
+
+def test_a_source_staged_twice_is_written_once(db):
+    """A Spark task retried after part of its staging load committed."""
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    sources = dead_lettered(orders, 3)
+    job = a_job()
+    staged(job, sources)
+    staged(job, sources[:2])
+
+    stored = replay_write_staged(job=job, after=0, upto=sources[-1], progress={})
+
+    assert (stored.written, stored.skipped, stored.per_target) == (3, 0, {"ORDERS.IN": 3})
     assert copies(job) == Counter(sources)
 
 

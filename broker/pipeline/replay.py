@@ -230,7 +230,7 @@ def replay_write_staged(
         stored = ReplayJob.objects.select_for_update().get(id=job.id)
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*), max(source_id) FROM broker_replaystage"
+                "SELECT count(DISTINCT source_id), max(source_id) FROM broker_replaystage"
                 " WHERE job_id = %s AND source_id > %s AND source_id <= %s",
                 [job.id, after, upto],
             )

@@ -19,12 +19,14 @@ _COPY = "payload, content_type, headers, priority, put_application, put_user"
 
 # Staged rows of one job in (after, upto] whose target queue exists, each
 # written as a copy marked with the job and its source. The source must still
-# be replayable (hot table) or is carried by the staging row (archive). The
-# caller starts the range past what the job wrote before (its mark,
-# ReplayJob.written_upto); a copy of the same job and source among the live
-# rows (another writer of the job) is skipped, by the unique index
-# message_replayed_once_idx of broker_message_live: the insert waits for that
-# writer's commit and writes nothing in its place.
+# be replayable (hot table) or is carried by the staging row (archive). A
+# source staged twice (a Spark task retried after some of its rows were
+# loaded) is written once. The caller starts the range past what the job
+# wrote before (its mark, ReplayJob.written_upto) and holds the job's row, so
+# no copy of the range is there yet; should one be (a writer that bypassed
+# both), the unique index message_replayed_once_idx of broker_message_live
+# refuses the insert as a whole. No ON CONFLICT clause: its speculative
+# insertion costs about a fifth of the write.
 _REPLAY_SQL = f"""
 WITH written AS (
     INSERT INTO broker_message (queue_id, {_COPY}, dead_letter, state, replay_job_id,
@@ -33,11 +35,13 @@ WITH written AS (
     SELECT t.id, {{columns}},
            CASE WHEN s.keep_header THEN {{dead_letter}} END,
            'TBDL', s.job_id, s.source_id, now(), now(), now(), now()
-    FROM broker_replaystage AS s
+    FROM (
+        SELECT DISTINCT ON (source_id) * FROM broker_replaystage
+        WHERE job_id = %(job)s AND source_id > %(after)s AND source_id <= %(upto)s
+        ORDER BY source_id
+    ) AS s
     JOIN broker_queue AS t ON t.name = s.target
     {{source_join}}
-    WHERE s.job_id = %(job)s AND s.source_id > %(after)s AND s.source_id <= %(upto)s
-    ON CONFLICT DO NOTHING
     RETURNING queue_id
 )
 SELECT queue_id, count(*) FROM written GROUP BY queue_id
@@ -74,9 +78,10 @@ def messages_replay_staged(
 ) -> dict[int, int]:
     """Write a copy (TBDL on its staged target, fresh counters, marked with
     the job and its source) of each message job ``job_id`` staged with a
-    source id in (``after``, ``upto``], unless a live copy of it by the job
-    is there already; sources staying as they are. An internal move: no
-    max-messages limit refuses it. Runs in the caller's transaction, which
+    source id in (``after``, ``upto``], once each; sources staying as they
+    are. A live copy by the job of one of them (a writer that bypassed the
+    job's lock and mark) fails the write as a whole with IntegrityError. An
+    internal move: no max-messages limit refuses it. Runs in the caller's transaction, which
     stores the job's mark (``broker.pipeline.replay.replay_write_staged``);
     returns the messages written per target queue id."""
     sql = _FROM_ARCHIVE_SQL if from_archive else _FROM_HOT_SQL
