@@ -5,8 +5,10 @@ launches them; delivery by real Celery workers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from io import StringIO
@@ -209,6 +211,84 @@ def _mixed() -> dict[str, list[int]]:
         "billing_handler": dead_lettered(billing, 10),
         "billing_expired": dead_lettered(billing, 5, reason="expired"),
     }
+
+
+def _mixed_in_ranges(times: int) -> None:
+    """``times`` rounds of _mixed's sources, so that each id range of a job
+    has sources of every kind."""
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    billing = queue_create(name="BILLING.IN", consumer="")
+    queue_create(name="REPAIR", consumer="")
+    for _ in range(times):
+        dead_lettered(orders, 30)
+        dead_lettered(orders, 20, reason="format_error")
+        dead_lettered(billing, 10)
+        dead_lettered(billing, 5, reason="expired")
+
+
+COUNTED_SQL = """
+SELECT j.written, j.skipped, j.read, j.status,
+       (SELECT count(*) FROM broker_message AS m WHERE m.replay_job_id = j.id)
+FROM broker_replayjob AS j WHERE j.id = %s
+"""
+
+
+def test_overlapping_writes_commit_in_order_with_counts_that_add_up_at_every_moment(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Ranges of 200: the driver writes two at once. Seen in one snapshot,
+    the job's written always equals its copies, and no count goes back."""
+    _mixed_in_ranges(10)
+    monkeypatch.setenv("LAZARETTO_REPLAY_SLICE_ROWS", "200")
+    job = submit(rules_text=RULES)
+    thread, ended = launched_in_background(job)
+    seen: list[tuple[Any, ...]] = []
+    with connection.cursor() as cursor:
+        while thread.is_alive():
+            cursor.execute(COUNTED_SQL, [job.id])
+            seen.append(cursor.fetchone())
+            time.sleep(0.005)
+    thread.join()
+
+    done = ended["job"]
+    assert done.status == ReplayJobStatus.DONE, done.error
+    assert (done.read, done.matched, done.written, done.skipped, done.failed) == (
+        650,
+        650,
+        500,
+        150,
+        0,
+    )
+    assert done.per_target == {"ORDERS.IN": 300, "REPAIR": 200}
+    assert done.per_rule == {"1": 300, "2": 200, "0": 150}
+    assert set(copies_per_source(done).values()) == {1}
+    assert all(written == copies for written, _, _, _, copies in seen)
+    for before, after in itertools.pairwise(seen):
+        assert all(now >= then for now, then in zip(after[:3], before[:3], strict=True))
+    assert len({written for written, *_ in seen}) > 2, "the job wrote in one go"
+
+
+def test_a_driver_killed_right_after_a_write_while_the_next_is_under_way_adds_up(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    _mixed_in_ranges(10)
+    monkeypatch.setenv("LAZARETTO_REPLAY_SLICE_ROWS", "200")
+    monkeypatch.setenv(KILL_AFTER_WRITE, "1")
+    job = submit(rules_text=RULES)
+
+    killed = run(job)
+
+    assert killed.status == ReplayJobStatus.FAILED
+    assert 0 < killed.written == copies_of(job).count() < 500
+    monkeypatch.delenv(KILL_AFTER_WRITE)
+    replay_job_run_again(job_id=job.id, actor=None)
+    again = run(job)
+    assert again.status == ReplayJobStatus.DONE, again.error
+    assert again.written + killed.written == 500
+    assert set(copies_per_source(job).values()) == {1}
+    assert copies_of(job).count() == 500
+    audited = AuditEvent.objects.filter(action="replay_finish", details__job=job.id)
+    assert sum(event.details["written"] for event in audited) == 500
 
 
 @both_modes

@@ -27,7 +27,7 @@ from broker.services.dead_letters import dead_letter_scan
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_create_and_activate
 from tests.support.messages import dead_lettered
-from workers.spark.replay import route_frame
+from workers.spark.replay import ROUTE_COLUMNS, route_frame
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 QUEUES = ("ORDERS.IN", "ORDERS.OUT", "BILLING.IN")
@@ -37,22 +37,9 @@ REASONS = ("handler_error", "format_error", "expired", "max_messages_reached")
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
-# What the replay job's executors get of each row.
+# What the replay job's executors get of each row: the id, and text.
 COLUMNS = StructType(
-    [
-        StructField("id", LongType()),
-        *(
-            StructField(name, StringType())
-            for name in (
-                "original_queue",
-                "dead_letter",
-                "headers",
-                "content_type",
-                "put_application",
-                "put_user",
-            )
-        ),
-    ]
+    [StructField(name, LongType() if name == "id" else StringType()) for name in ROUTE_COLUMNS]
 )
 
 

@@ -39,7 +39,7 @@ from broker.services.transitions.replayed import messages_archived, messages_rep
 from rig.processes import wait_until
 from tests.support.messages import dead_lettered, delivered
 from tests.support.publishing import published
-from workers.spark.replay import id_ranges
+from workers.spark.replay import Writes, id_ranges
 
 S = MessageState
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -195,7 +195,7 @@ def test_an_archive_replay_resumes_above_its_highest_source_and_takes_later_ones
     }
 
 
-def test_a_second_writer_of_the_same_range_waits_for_the_first_and_writes_nothing(
+def test_a_second_writer_of_the_same_range_waits_for_the_first_then_fails_writing_nothing(
     transactional_db,
 ):
     """Two writers of one job's range that bypass its mark (the write alone,
@@ -339,3 +339,41 @@ def test_a_replay_reads_small_ranges_first_then_full_ones():
     assert list(id_ranges(1, 100_000, 10_000, 250_000)) == [(1, 100_000)]
     # Ranges smaller than the first one's size stay as asked.
     assert list(id_ranges(1, 300, 300, 100)) == [(1, 100), (101, 200), (201, 300)]
+
+
+def test_writes_run_two_at_once_and_commit_in_the_order_they_were_submitted():
+    events: list[str] = []
+    first_may_end = threading.Event()
+
+    def write(name: str, *, fail: bool = False) -> Any:
+        def run(before: Any) -> str:
+            events.append(f"{name} inserts")
+            if name == "first":
+                assert first_may_end.wait(10)
+            before()
+            if fail:
+                raise RuntimeError(f"{name} failed")
+            events.append(f"{name} commits")
+            return name
+
+        return run
+
+    with Writes() as writes:
+        writes.submit(write("first"))
+        writes.submit(write("second"))
+        wait_until(lambda: events == ["first inserts", "second inserts"], timeout=10)
+        first_may_end.set()
+        assert writes.settle() == "second"
+    assert events == ["first inserts", "second inserts", "first commits", "second commits"]
+
+    events.clear()
+    with Writes() as writes:
+        writes.submit(write("first", fail=True))
+        writes.submit(write("second"))
+        with pytest.raises(RuntimeError, match="first failed"):
+            writes.room()
+        # The second write waited for the first, which failed: it raises
+        # the same error and does not commit.
+        with pytest.raises(RuntimeError, match="first failed"):
+            writes.settle()
+    assert "second commits" not in events

@@ -14,6 +14,7 @@ failed or cancelled job may simply be run again. What a job reads is
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -206,28 +207,42 @@ def replay_stage_analyze() -> None:
 
 
 def replay_write_staged(
-    *, job: ReplayJob, after: int, upto: int, progress: dict[str, Any]
+    *,
+    job: ReplayJob,
+    after: int,
+    upto: int,
+    progress: dict[str, Any],
+    skipped: int = 0,
+    before: Callable[[], None] | None = None,
 ) -> ReplayJob:
     """Write the staged messages of (after, upto] the job has not written
     yet, wake their queues, and in the same transaction store the job's mark
-    and the run's counts.
+    and the run's counts, and clear the range's staging rows.
 
     The mark (``written_upto``) is the job's idempotency record: the write
     starts above it, whatever became of the copies written before (delivered,
     deleted on delivery, archived), and moves it to the highest source staged
     in the range, so that everything staged up to it is written or decided
     once this commits; an uncommitted write leaves neither copies nor mark.
-    The job row is locked first, so two writers of one job take turns and
-    the second starts above the first's mark.
+
+    A driver's writes may overlap: each inserts its copies, then waits for
+    ``before`` (which returns once the driver's previous write committed, or
+    raises, and this one rolls back), and only then locks the job's row to
+    store its counts and move the mark. So they commit in the order of their
+    ranges, and a mark never passes a range that is not written. A copy the
+    job has already (another driver of the same job) fails the write on the
+    unique index of the live partition.
 
     The counts: ``progress`` (what the driver counted so far: read, matched,
-    skipped, failed, per rule) and what this write did (written and per
-    target, and the staged sources it did not write, as skipped: an earlier
-    run wrote them, or they can no longer be written). A driver killed right
-    after the commit leaves a job whose counts are those of the copies
-    present. Returns the job as stored."""
+    failed, per rule; a count never goes back, whatever order the driver's
+    reports and writes commit in) and what this write did: written and per
+    target, and as skipped, ``skipped`` (the sources the driver's rules
+    skipped since its previous write) and the staged sources it did not
+    write (an earlier run wrote them, or they can no longer be written). A
+    driver killed right after the commit leaves a job whose counts are those
+    of the copies present. Returns the job as stored."""
     with transaction.atomic():
-        stored = ReplayJob.objects.select_for_update().get(id=job.id)
+        mark = ReplayJob.objects.values_list("written_upto", flat=True).get(id=job.id)
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(DISTINCT source_id), max(source_id) FROM broker_replaystage"
@@ -235,7 +250,7 @@ def replay_write_staged(
                 [job.id, after, upto],
             )
             staged, highest = cursor.fetchone()
-        start = max(after, stored.written_upto)
+        start = max(after, mark)
         by_id = (
             messages_replay_staged(
                 job_id=job.id,
@@ -246,12 +261,15 @@ def replay_write_staged(
             if start < upto
             else {}
         )
+        if before is not None:
+            before()
+        stored = ReplayJob.objects.select_for_update().get(id=job.id)
         queues = Queue.objects.in_bulk(list(by_id))
         written = sum(by_id.values())
         for name, value in progress.items():
-            setattr(stored, name, value)
+            setattr(stored, name, _onward(getattr(stored, name), value))
         stored.written += written
-        stored.skipped += staged - written
+        stored.skipped += skipped + staged - written
         for queue_id, count in by_id.items():
             name = queues[queue_id].name
             stored.per_target[name] = stored.per_target.get(name, 0) + count
@@ -267,11 +285,24 @@ def replay_write_staged(
                 "heartbeat_at",
             }
         )
+        replay_stage_clear(job_id=job.id, upto=upto)
         for queue_id, count in by_id.items():
             queue = queues[queue_id]
             if queue.kind == QueueKind.STANDARD:
                 messages_available.send(sender=Queue, queue=queue, count=count)
     return stored
+
+
+def _onward(stored: Any, counted: Any) -> Any:
+    """A count as the driver reports it, never behind what is stored: the
+    larger number, per key for counts by key, the longer sample."""
+    if isinstance(counted, int) and isinstance(stored, int):
+        return max(stored, counted)
+    if isinstance(counted, dict) and isinstance(stored, dict):
+        return {key: max(stored.get(key, 0), counted.get(key, 0)) for key in {*stored, *counted}}
+    if isinstance(counted, list) and isinstance(stored, list):
+        return counted if len(counted) >= len(stored) else stored
+    return counted
 
 
 @transaction.atomic

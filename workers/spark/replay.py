@@ -9,8 +9,8 @@ job's target, or the rules table on the executors), load what is to be
 written into the staging table, then write the copies with one set-based
 statement per range (per second's worth under a velocity limit) that skips
 what the job wrote before. A range's write runs in a thread of its own while
-Spark reads and routes the next range (``Writes``): one write at a time, in
-the order of the ranges. Counts are stored after each step, so the console
+Spark reads and routes the next range (``Writes``): two at a time at most,
+each committing after the one before it, in the order of the ranges. Counts are stored after each step, so the console
 shows progress, and a cancel is honoured between steps (the launcher also
 stops the driver outright).
 """
@@ -22,7 +22,7 @@ import math
 import os
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -132,9 +132,16 @@ class Tally:
     per_target: Counter[str] = field(default_factory=Counter)
     per_rule: Counter[str] = field(default_factory=Counter)
     sample: list[dict[str, Any]] = field(default_factory=list)
+    # Of ``skipped``, the sources the rules skipped that no write has stored.
+    unstored_skips: int = 0
 
     def stored(self) -> dict[str, Any]:
-        return {**self.counted(), "written": self.written, "per_target": dict(self.per_target)}
+        return {
+            **self.routed(),
+            "skipped": self.skipped,
+            "written": self.written,
+            "per_target": dict(self.per_target),
+        }
 
     def routed(self) -> dict[str, Any]:
         """What the driver alone counts: what it read and how it routed it."""
@@ -146,11 +153,10 @@ class Tally:
             "sample": list(self.sample),
         }
 
-    def counted(self) -> dict[str, Any]:
-        """What a write stores with what it did: ``routed`` and the sources
-        skipped so far (a write adds what it wrote, and the staged sources
-        it skipped as written by an earlier run)."""
-        return {**self.routed(), "skipped": self.skipped}
+    def take_skips(self) -> int:
+        """The rules' skips no write has stored, handed to the next write."""
+        skips, self.unstored_skips = self.unstored_skips, 0
+        return skips
 
 
 def replay_main(job_id: int) -> int:
@@ -308,12 +314,14 @@ class Replay:
         finally:
             routed.unpersist()
         if not self.job.dry_run and staged:
-            # The write before this one first: its counts go into this one's.
-            self._settled(self.writes.settle())
             if self.job.velocity is None:
-                progress = self.tally.counted()
-                self.writes.submit(lambda: self._write_range(after, upto, progress))
+                self._settled(self.writes.room())
+                progress, skips = self.tally.routed(), self.tally.take_skips()
+                self.writes.submit(
+                    lambda before: self._write_staged(after, upto, progress, skips, before)
+                )
             else:
+                self._settled(self.writes.settle())
                 self._write_paced(after, upto)
         self._report()
 
@@ -332,6 +340,7 @@ class Replay:
                 tally.failed += count
             elif verdict == SKIP:
                 tally.skipped += count
+                tally.unstored_skips += count
             elif verdict == WRITE:
                 to_write += count
                 if self.job.dry_run:
@@ -370,13 +379,6 @@ class Replay:
 
     # --- writing -----------------------------------------------------------------
 
-    def _write_range(self, after: int, upto: int, progress: dict[str, Any]) -> ReplayJob:
-        """Write the range's staged copies in one statement (in the writer's
-        thread); returns the job as stored."""
-        stored = self._write_staged(after, upto, progress)
-        replay_stage_clear(job_id=self.job.id, upto=upto)
-        return stored
-
     def _write_paced(self, after: int, upto: int) -> None:
         """Write the range's staged copies under the job's velocity limit,
         in statements of at most ``velocity`` messages, a second apart."""
@@ -384,34 +386,52 @@ class Replay:
         bounds = replay_stage_bounds(
             job_id=self.job.id, after=after, upto=upto, velocity=self.job.velocity
         )
+        skips = self.tally.take_skips()
         for upper in bounds:
             started = time.monotonic()
-            self._settled(self._write_staged(after, upper, self.tally.counted()))
-            after = upper
+            self._settled(self._write_staged(after, upper, self.tally.routed(), skips))
+            after, skips = upper, 0
             if upper != bounds[-1]:
                 self._report()
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
-        replay_stage_clear(job_id=self.job.id, upto=upto)
 
-    def _write_staged(self, after: int, upto: int, progress: dict[str, Any]) -> ReplayJob:
+    def _write_staged(
+        self,
+        after: int,
+        upto: int,
+        progress: dict[str, Any],
+        skips: int,
+        before: Callable[[], None] | None = None,
+    ) -> ReplayJob:
         """One write of the staged copies of (after, upto], which stores
         ``progress`` (the run's counts as they stood when the range was
-        staged) with what it wrote, as it commits."""
+        staged) and ``skips`` with what it wrote, as it commits: after
+        ``before`` returns, when it is given (broker.pipeline.replay's
+        replay_write_staged)."""
         with transaction.atomic():
             if self.job.runs > 1:
                 # A staging load an earlier run left running (on a Spark
                 # Connect server its client's death does not stop it) may
                 # have staged these sources too.
                 replay_stage_once(job_id=self.job.id, after=after, upto=upto)
-            stored = replay_write_staged(job=self.job, after=after, upto=upto, progress=progress)
+            stored = replay_write_staged(
+                job=self.job,
+                after=after,
+                upto=upto,
+                progress=progress,
+                skipped=skips,
+                before=before,
+            )
         if os.environ.get(KILL_AFTER_WRITE):
             os.kill(os.getpid(), signal.SIGKILL)
         return stored
 
     def _settled(self, stored: ReplayJob | None) -> None:
-        """The tally goes on from what a write stored."""
+        """The tally goes on from what a write stored (once no write is
+        under way, all of it)."""
         if stored is not None:
-            self.tally.written, self.tally.skipped = stored.written, stored.skipped
+            self.tally.written = stored.written
+            self.tally.skipped = stored.skipped + self.tally.unstored_skips
             self.tally.per_target = Counter(stored.per_target)
 
     def _report(self, **extra: Any) -> None:
@@ -440,29 +460,56 @@ def id_ranges(first: int, last: int, rows: int, slice_rows: int) -> Iterator[tup
 
 
 class Writes:
-    """A run's range writes, each in a thread of its own (with its own
-    database connection) while the driver goes on with the next range: one
-    at a time, in the order they were submitted. ``settle`` waits for the
-    write under way and returns what it stored, or raises its error."""
+    """A run's range writes, each in a thread of its own (with a database
+    connection of its own) while the driver goes on with the next range: up
+    to DEPTH under way at once, PostgreSQL inserting the copies of two
+    ranges on two cores. They commit in the order they were submitted: each
+    is given a ``before`` that returns once the write before it committed
+    (or raises its error). ``room`` and ``settle`` wait for writes under way
+    and return what the last of them stored, or raise its error."""
+
+    DEPTH = 2
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-write")
-        self._pending: Future[ReplayJob] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=self.DEPTH, thread_name_prefix="replay-write")
+        self._pending: deque[Future[ReplayJob]] = deque()
 
-    def submit(self, write: Callable[[], ReplayJob]) -> None:
-        """Start ``write``; the one before must be settled."""
-        assert self._pending is None, "the write before is not settled"
-        self._pending = self._pool.submit(write)
+    def submit(self, write: Callable[[Callable[[], None]], ReplayJob]) -> None:
+        """Start ``write(before)``; there must be room for it."""
+        assert len(self._pending) < self.DEPTH, "no room for another write"
+        previous = self._pending[-1] if self._pending else None
+
+        def before() -> None:
+            if previous is not None:
+                previous.result()
+
+        def run() -> ReplayJob:
+            try:
+                return write(before)
+            finally:
+                connections.close_all()
+
+        self._pending.append(self._pool.submit(run))
+
+    def room(self) -> ReplayJob | None:
+        """Wait until another write may start; what the writes that ended
+        stored last."""
+        stored = None
+        while self._pending and (len(self._pending) >= self.DEPTH or self._pending[0].done()):
+            stored = self._pending.popleft().result()
+        return stored
 
     def settle(self) -> ReplayJob | None:
-        """Wait for the write under way, if any; what it stored."""
-        pending, self._pending = self._pending, None
-        return None if pending is None else pending.result()
+        """Wait for every write under way; what the last one stored."""
+        stored = None
+        while self._pending:
+            stored = self._pending.popleft().result()
+        return stored
 
     @property
     def settled(self) -> bool:
-        """No write under way, or not settled yet."""
-        return self._pending is None
+        """No write is under way."""
+        return not self._pending
 
     def __enter__(self) -> Writes:
         return self
@@ -471,13 +518,12 @@ class Writes:
         try:
             if kind is None:
                 self.settle()
-            elif self._pending is not None:
-                # The run failed or was cancelled: the write under way
+            else:
+                # The run failed or was cancelled: each write under way
                 # commits or not as a whole, and the run's error is the one
                 # to report.
-                wait([self._pending])
+                wait(self._pending)
         finally:
-            self._pool.submit(connections.close_all).result()
             self._pool.shutdown()
 
 
