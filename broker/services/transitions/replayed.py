@@ -22,10 +22,10 @@ _COPY = "payload, content_type, headers, priority, put_application, put_user"
 # be replayable (hot table) or is carried by the staging row (archive). A
 # source staged twice (a Spark task retried after some of its rows were
 # loaded) is written once. The caller starts the range past what the job
-# wrote before (its mark, ReplayJob.written_upto) and holds the job's row, so
-# no copy of the range is there yet; should one be (a writer that bypassed
-# both), the unique index message_replayed_once_idx of broker_message_live
-# refuses the insert as a whole. No ON CONFLICT clause: its speculative
+# wrote before (its mark, ReplayJob.written_upto), and a driver's writes each
+# take a range of their own, so no copy of the range is there yet; should one
+# be (a second driver of the job), the unique index message_replayed_once_idx
+# of broker_message_live refuses the insert as a whole. No ON CONFLICT clause: its speculative
 # insertion costs about a fifth of the write.
 _REPLAY_SQL = f"""
 WITH written AS (
@@ -79,8 +79,8 @@ def messages_replay_staged(
     """Write a copy (TBDL on its staged target, fresh counters, marked with
     the job and its source) of each message job ``job_id`` staged with a
     source id in (``after``, ``upto``], once each; sources staying as they
-    are. A live copy by the job of one of them (a writer that bypassed the
-    job's lock and mark) fails the write as a whole with IntegrityError. An
+    are. A live copy by the job of one of them (a second driver of the job)
+    fails the write as a whole with IntegrityError. An
     internal move: no max-messages limit refuses it. Runs in the caller's transaction, which
     stores the job's mark (``broker.pipeline.replay.replay_write_staged``);
     returns the messages written per target queue id."""
