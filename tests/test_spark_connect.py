@@ -209,23 +209,33 @@ def running(pid: int) -> bool:
         return False
 
 
+def writing_through_a_pipeline_worker(
+    start_workers: Callable[..., Workers],
+) -> tuple[Workers, list[int], ReplayJob]:
+    """A pipeline worker running a job over 3,000 dead letters, 1,000 a
+    second, once it has written its first copies: the workers, the sources
+    and the job as it stood then."""
+    orders = queue_create(name="ORDERS.IN", consumer="")
+    sources = dead_lettered(orders, 3000)
+    workers = start_workers(pipeline=True)
+    job = submit(velocity=1000)
+    writing = wait_until(
+        lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
+        timeout=120,
+        what=f"the first copies; pipeline log:\n{workers.log('pipeline')[-3000:]}",
+    )
+    return workers, sources, writing
+
+
 @pytest.mark.usefixtures("spark_env")
 def test_a_pipeline_worker_killed_midway_leaves_its_driver_to_finish_the_job(
     start_workers: Callable[..., Workers],
 ) -> None:
     """The driver runs in a process group of its own: the worker's death is
     not its death, and it closes the job itself."""
-    orders = queue_create(name="ORDERS.IN", consumer="")
-    sources = dead_lettered(orders, 3000)
-    workers = start_workers(pipeline=True)
-    job = submit(velocity=1000)
-    running = wait_until(
-        lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
-        timeout=120,
-        what=f"the first copies; pipeline log:\n{workers.log('pipeline')[-3000:]}",
-    )
+    workers, sources, job = writing_through_a_pipeline_worker(start_workers)
     os.killpg(workers.processes["pipeline"].pid, signal.SIGKILL)
-    assert running.written < 3000
+    assert job.written < 3000
 
     done = wait_until(
         lambda: ReplayJob.objects.filter(id=job.id).exclude(status=ReplayJobStatus.RUNNING).first(),
@@ -243,18 +253,10 @@ def test_a_pipeline_worker_killed_with_its_driver_leaves_a_job_a_new_worker_comp
     """The whole machine lost midway: the job stays running, silent; once
     its heartbeat is older than a running driver's ever is, it can be run
     again, and the new run writes only what the dead one did not."""
-    orders = queue_create(name="ORDERS.IN", consumer="")
-    sources = dead_lettered(orders, 3000)
-    workers = start_workers(pipeline=True)
-    job = submit(velocity=1000)
-    running = wait_until(
-        lambda: ReplayJob.objects.filter(id=job.id, written__gt=0).first(),
-        timeout=120,
-        what=f"the first copies; pipeline log:\n{workers.log('pipeline')[-3000:]}",
-    )
-    assert running.driver_pid is not None
+    workers, sources, job = writing_through_a_pipeline_worker(start_workers)
+    assert job.driver_pid is not None
     os.killpg(workers.processes["pipeline"].pid, signal.SIGKILL)
-    os.killpg(os.getpgid(running.driver_pid), signal.SIGKILL)
+    os.killpg(os.getpgid(job.driver_pid), signal.SIGKILL)
     workers.stop()
     silent = ReplayJob.objects.get(id=job.id)
     assert silent.status == ReplayJobStatus.RUNNING
