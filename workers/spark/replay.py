@@ -10,9 +10,9 @@ written into the staging table, then write the copies with one set-based
 statement per range (per second's worth under a velocity limit) that skips
 what the job wrote before. A range's write runs in a thread of its own while
 Spark reads and routes the next range (``Writes``): two at a time at most,
-each committing after the one before it, in the order of the ranges. Counts are stored after each step, so the console
-shows progress, and a cancel is honoured between steps (the launcher also
-stops the driver outright).
+each committing after the one before it, in the order of the ranges. Counts
+are stored after each step, so the console shows progress, and a cancel is
+honoured between steps (the launcher also stops the driver outright).
 """
 
 from __future__ import annotations
