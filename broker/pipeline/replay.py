@@ -263,33 +263,47 @@ def replay_write_staged(
         )
         if before is not None:
             before()
-        stored = ReplayJob.objects.select_for_update().get(id=job.id)
         queues = Queue.objects.in_bulk(list(by_id))
-        written = sum(by_id.values())
-        for name, value in progress.items():
-            setattr(stored, name, _onward(getattr(stored, name), value))
-        stored.written += written
-        stored.skipped += skipped + staged - written
-        for queue_id, count in by_id.items():
-            name = queues[queue_id].name
-            stored.per_target[name] = stored.per_target.get(name, 0) + count
-        stored.written_upto = max(stored.written_upto, highest or 0)
-        stored.heartbeat_at = timezone.now()
-        stored.save(
-            update_fields={
-                *progress,
-                "written",
-                "skipped",
-                "per_target",
-                "written_upto",
-                "heartbeat_at",
-            }
+        stored = _store_write(
+            job_id=job.id,
+            progress=progress,
+            skipped=skipped + staged - sum(by_id.values()),
+            per_target={queues[queue_id].name: count for queue_id, count in by_id.items()},
+            mark=highest or 0,
         )
         replay_stage_clear(job_id=job.id, upto=upto)
         for queue_id, count in by_id.items():
             queue = queues[queue_id]
             if queue.kind == QueueKind.STANDARD:
                 messages_available.send(sender=Queue, queue=queue, count=count)
+    return stored
+
+
+def _store_write(
+    *, job_id: int, progress: dict[str, Any], skipped: int, per_target: dict[str, int], mark: int
+) -> ReplayJob:
+    """Add a write's copies (``per_target``) and ``skipped`` to the job's
+    counts, bring the driver's ``progress`` onward and move the job's mark
+    up to ``mark``, under the job's row lock; returns the job as stored."""
+    stored = ReplayJob.objects.select_for_update().get(id=job_id)
+    for name, value in progress.items():
+        setattr(stored, name, _onward(getattr(stored, name), value))
+    stored.written += sum(per_target.values())
+    stored.skipped += skipped
+    for name, count in per_target.items():
+        stored.per_target[name] = stored.per_target.get(name, 0) + count
+    stored.written_upto = max(stored.written_upto, mark)
+    stored.heartbeat_at = timezone.now()
+    stored.save(
+        update_fields={
+            *progress,
+            "written",
+            "skipped",
+            "per_target",
+            "written_upto",
+            "heartbeat_at",
+        }
+    )
     return stored
 
 
