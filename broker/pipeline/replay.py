@@ -217,30 +217,22 @@ def replay_write_staged(
 ) -> ReplayJob:
     """Write the staged messages of (after, upto] the job has not written
     yet, wake their queues, and in the same transaction store the job's mark
-    and the run's counts, and clear the range's staging rows.
+    and the run's counts (``_store_write``) and clear the range's staging rows.
 
     The mark (``written_upto``) is the job's idempotency record: the write
-    starts above it, whatever became of the copies written before (delivered,
-    deleted on delivery, archived), and moves it to the highest source staged
-    in the range, so that everything staged up to it is written or decided
-    once this commits; an uncommitted write leaves neither copies nor mark.
+    starts above it, whatever became of earlier copies, and moves it to the
+    highest source staged in the range; an uncommitted write leaves neither
+    copies nor mark. A driver's writes may overlap: each inserts its copies,
+    waits for ``before`` (which returns once the previous write committed,
+    or raises, and this one rolls back), and only then locks the job's row,
+    so they commit in the order of their ranges. A copy the job has already
+    (a second driver of the job) fails the write on the unique index.
 
-    A driver's writes may overlap: each inserts its copies, then waits for
-    ``before`` (which returns once the driver's previous write committed, or
-    raises, and this one rolls back), and only then locks the job's row to
-    store its counts and move the mark. So they commit in the order of their
-    ranges, and a mark never passes a range that is not written. A copy the
-    job has already (another driver of the same job) fails the write on the
-    unique index of the live partition.
-
-    The counts: ``progress`` (what the driver counted so far: read, matched,
-    failed, per rule; a count never goes back, whatever order the driver's
-    reports and writes commit in) and what this write did: written and per
-    target, and as skipped, ``skipped`` (the sources the driver's rules
-    skipped since its previous write) and the staged sources it did not
-    write (an earlier run wrote them, or they can no longer be written). A
-    driver killed right after the commit leaves a job whose counts are those
-    of the copies present. Returns the job as stored."""
+    Counts: ``progress`` is the driver's (read, matched, failed, per rule;
+    never stored behind what is there); ``skipped`` the sources its rules
+    skipped since its previous write, to which the write adds the staged
+    sources it did not write. A driver killed right after the commit leaves
+    counts that are those of the copies present. Returns the job as stored."""
     with transaction.atomic():
         mark = ReplayJob.objects.values_list("written_upto", flat=True).get(id=job.id)
         with connection.cursor() as cursor:

@@ -143,26 +143,28 @@ def _validate(message: NewMessage, index: int, queue: Queue) -> None:
         raise invalid("content_type", "The content type must be 1 to 100 characters.")
     if problem := _unstorable(message.content_type):
         raise invalid("content_type", f"The content type {problem}.")
-    headers = message.headers
+    if problem := _headers_problem(message.headers):
+        raise invalid("headers", problem)
+
+
+def _headers_problem(headers: Any) -> str | None:
+    """What is wrong with a message's ``headers``, or None."""
     if not isinstance(headers, Mapping):
-        raise invalid("headers", "Headers must be a JSON object of string values.")
+        return "Headers must be a JSON object of string values."
     if len(headers) > MAX_HEADERS:
-        raise invalid("headers", f"At most {MAX_HEADERS} headers are allowed.")
+        return f"At most {MAX_HEADERS} headers are allowed."
     for name, value in headers.items():
         if not isinstance(name, str) or not name or len(name) > MAX_HEADER_NAME_LENGTH:
-            raise invalid(
-                "headers", f"Header names must be 1 to {MAX_HEADER_NAME_LENGTH} characters."
-            )
+            return f"Header names must be 1 to {MAX_HEADER_NAME_LENGTH} characters."
         if not isinstance(value, str):
-            raise invalid(
-                "headers", f"Header {name!r} must be a string, not {type(value).__name__}."
-            )
+            return f"Header {name!r} must be a string, not {type(value).__name__}."
         if problem := _unstorable(name):
-            raise invalid("headers", f"Header name {name!r} {problem}.")
+            return f"Header name {name!r} {problem}."
         if problem := _unstorable(value):
-            raise invalid("headers", f"Header {name!r} {problem}.")
+            return f"Header {name!r} {problem}."
     if len(json.dumps(headers).encode()) > MAX_HEADERS_JSON_BYTES:
-        raise invalid("headers", f"Headers may take at most {MAX_HEADERS_JSON_BYTES:,} bytes.")
+        return f"Headers may take at most {MAX_HEADERS_JSON_BYTES:,} bytes."
+    return None
 
 
 def _queue_for_publish(queue_name: str) -> Queue:
