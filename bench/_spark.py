@@ -78,6 +78,9 @@ def spark_config() -> dict[str, Any]:
         "fetch_rows": session.FETCH_ROWS,
         "write_batch_rows": session.WRITE_BATCH_ROWS,
         "driver_memory": settings.LAZARETTO_SPARK_DRIVER_MEMORY,
+        # A job's launch takes a driver started ahead of it; the classic
+        # way's is cold all the same (it starts in another environment).
+        "standby": settings.LAZARETTO_SPARK_STANDBY,
     }
 
 

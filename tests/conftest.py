@@ -35,6 +35,7 @@ from rig.processes import (
 from tests.support.console import with_key
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
+from workers.pipeline import STANDBY
 
 # The suite's consumers are the demo's, a consumer module like any user's:
 # `make run` names it in LAZARETTO_CONSUMER_MODULES, and so do the worker
@@ -225,19 +226,22 @@ def spark_env(
     settings: Any,
     spark_mode: str,
     request: pytest.FixtureRequest,
-) -> dict[str, str]:
+) -> Iterator[dict[str, str]]:
     """The environment the Spark drivers (python -m workers.spark) start
     in: the test database, a private Redis for their wake-ups, an archive of
     the test's own, Spark in local mode on two cores, in ``spark_mode``:
     a driver of its own (classic) or a client of the session's Spark Connect
     server (connect). Returned for worker processes that launch drivers
-    themselves."""
+    themselves. Each driver starts with its job (no standby driver: it
+    would be started in one test's environment and thrown away in the
+    next's) unless a test turns LAZARETTO_SPARK_STANDBY on."""
     archive = tmp_path / "archive"
     values = {
         "DATABASE_URL": database_url_for_workers(),
         "CELERY_BROKER_URL": redis_server.url,
         "ARCHIVE_DIR": str(archive),
         "DUMP_DIR": str(tmp_path / "dumps"),
+        "LAZARETTO_SPARK_STANDBY": "0",
         **SPARK_TEST_SETTINGS,
     }
     monkeypatch.delenv("SPARK_REMOTE", raising=False)
@@ -247,7 +251,9 @@ def spark_env(
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     settings.ARCHIVE_DIR = archive
-    return values
+    settings.LAZARETTO_SPARK_STANDBY = False
+    yield values
+    STANDBY.discard()
 
 
 # --- what each pytest process keeps to itself ---------------------------------

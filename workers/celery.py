@@ -73,11 +73,19 @@ def no_banner_in_json(instance: Any = None, **kwargs: Any) -> None:
 @signals.celeryd_after_setup.connect
 def say_which_spark(instance: Any = None, **kwargs: Any) -> None:
     """A worker on the pipeline queue says once at start-up where its Spark
-    jobs run (and which setting it ignores)."""
+    jobs run (and which setting it ignores), and each of its processes has a
+    driver ready for its first job (workers.pipeline.Standby)."""
     from workers.pipeline import PIPELINE_QUEUE, spark_choice
 
     if instance is not None and PIPELINE_QUEUE in instance.app.amqp.queues.consume_from:
         logging.getLogger("workers.pipeline").info(spark_choice())
+        signals.worker_process_init.connect(ready_a_driver, weak=False)
+
+
+def ready_a_driver(**kwargs: Any) -> None:
+    from workers.pipeline import STANDBY
+
+    STANDBY.start()
 
 
 @signals.worker_init.connect

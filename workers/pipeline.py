@@ -4,11 +4,13 @@ Each job runs in a driver process of its own (``python -m workers.spark``),
 so a worker never loads the JVM, a cancel stops the driver outright, and a
 killed driver takes nothing down with it. Whatever a driver dies in the
 middle of, the state stays consistent: every write is one transaction, and
-a replay job run again writes only what is missing.
+a replay job run again writes only what is missing. A launch takes the
+driver started ahead of it (``Standby``) when there is one.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -65,10 +67,87 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _spawn(kind: str, *args: str) -> subprocess.Popen[bytes]:
+def _start(*arguments: str, stdin: int | None = None) -> subprocess.Popen[bytes]:
     # A process group of its own: stopping the driver stops its JVM too.
-    command = driver_command(kind, *args)  # our own module, ids only
-    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)  # noqa: S603
+    command = driver_command(*arguments)  # our own module, ids only
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdin=stdin)  # noqa: S603
+
+
+class Standby:
+    """A driver started before its job is known (``python -m workers.spark
+    standby``): the interpreter, Django and the Spark client loaded, it waits
+    on its standard input for the job's arguments, and exits when that input
+    closes (as it does when this process dies). ``take`` hands it a job when
+    it was started in the environment a new driver would get now, the one it
+    reads its settings from; ``start`` readies the next (each launch does,
+    and the pipeline worker at start-up). LAZARETTO_SPARK_STANDBY: off, every
+    driver starts with its job."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._environment: dict[str, str] = {}
+
+    @property
+    def pid(self) -> int | None:
+        """The waiting driver's process id, if one waits."""
+        return self._process.pid if self._ready() and self._process else None
+
+    def start(self) -> None:
+        """Have a driver wait for the next job, unless one already does."""
+        if not settings.LAZARETTO_SPARK_STANDBY or self._ready():
+            return
+        self.discard()
+        self._process = _start("standby", stdin=subprocess.PIPE)
+        self._environment = dict(os.environ)
+
+    def take(self, *arguments: str) -> subprocess.Popen[bytes] | None:
+        """The waiting driver, running the job ``arguments`` name, if it is
+        ready for it; else None, and it is gone."""
+        process, self._process = self._process, None
+        if process is None or process.stdin is None or not self._fits(process):
+            _discard(process)
+            return None
+        try:
+            process.stdin.write(" ".join(arguments).encode() + b"\n")
+            process.stdin.close()
+        except BrokenPipeError:  # it died just now
+            process.wait()
+            return None
+        return process
+
+    def discard(self) -> None:
+        """Stop the waiting driver, if any."""
+        process, self._process = self._process, None
+        _discard(process)
+
+    def _ready(self) -> bool:
+        return self._process is not None and self._fits(self._process)
+
+    def _fits(self, process: subprocess.Popen[bytes]) -> bool:
+        """Alive, and started in the environment a driver would get now."""
+        return process.poll() is None and self._environment == dict(os.environ)
+
+
+def _discard(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop a driver that has done nothing yet."""
+    if process is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+STANDBY = Standby()
+atexit.register(STANDBY.discard)
+
+
+@contextlib.contextmanager
+def _driver(kind: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The job's driver: the standby, or one started now. The next standby
+    starts once the job is over, not beside it on the cores it runs on."""
+    try:
+        yield STANDBY.take(kind, *args) or _start(kind, *args)
+    finally:
+        STANDBY.start()
 
 
 def _exit_text(code: int) -> str:
@@ -83,17 +162,17 @@ def replay_job_launch(
     """Run a queued replay job's driver to its end; stop it when a cancel
     is asked for. ``watch`` sees the job as it stands at every poll.
     Returns the job as it ended."""
-    process = _spawn("replay", str(job_id))
     cancelled = False
-    while process.poll() is None:
-        time.sleep(POLL_SECONDS)
-        job = ReplayJob.objects.get(id=job_id)
-        if watch is not None:
-            watch(job)
-        if not cancelled and job.cancel_requested:
-            logger.info("replay job %s: cancel asked for; stopping the Spark driver", job_id)
-            cancelled = True
-            _stop(process)
+    with _driver("replay", str(job_id)) as process:
+        while process.poll() is None:
+            time.sleep(POLL_SECONDS)
+            job = ReplayJob.objects.get(id=job_id)
+            if watch is not None:
+                watch(job)
+            if not cancelled and job.cancel_requested:
+                logger.info("replay job %s: cancel asked for; stopping the Spark driver", job_id)
+                cancelled = True
+                _stop(process)
     job = ReplayJob.objects.get(id=job_id)
     if job.status == ReplayJobStatus.RUNNING and job.driver_pid == process.pid:
         # Our driver did not close its run: it was stopped or it died.
@@ -110,10 +189,10 @@ def archive_launch(*, watch: Callable[[int], None] | None = None) -> int:
     many messages this run has archived so far (the rows of the chunks it
     recorded). Returns the driver's exit status."""
     before = ArchiveChunk.objects.aggregate(last=Max("id"))["last"] or 0
-    process = _spawn("archive")
-    while process.poll() is None:
-        time.sleep(POLL_SECONDS)
-        if watch is not None:
-            archived = ArchiveChunk.objects.filter(id__gt=before).aggregate(rows=Sum("rows"))
-            watch(archived["rows"] or 0)
+    with _driver("archive") as process:
+        while process.poll() is None:
+            time.sleep(POLL_SECONDS)
+            if watch is not None:
+                archived = ArchiveChunk.objects.filter(id__gt=before).aggregate(rows=Sum("rows"))
+                watch(archived["rows"] or 0)
     return process.returncode
