@@ -162,6 +162,12 @@ def _table(text: str) -> RulesTable:
     return result.table
 
 
+def rules_in(rules_text: str) -> int:
+    """How many rules the table in ``rules_text`` has (none for a blank
+    text): the numbers ``route_rows`` gives are 0 to that."""
+    return len(_table(rules_text).rules) if rules_text.strip() else 0
+
+
 def _json(value: Any) -> dict[str, Any]:
     if not value:
         return {}

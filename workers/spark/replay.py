@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 from django.conf import settings
 from django.db import connections, transaction
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -56,7 +56,7 @@ from broker.pipeline.replay import (
 )
 from broker.pipeline.selection import ReplaySpec
 from broker.pipeline.source import source_query, source_range
-from broker.rules.routing import FAIL, SKIP, WRITE, route_rows
+from broker.rules.routing import FAIL, SKIP, WRITE, route_rows, rules_in
 from broker.selectors import queue_names
 from workers.spark.session import (
     interrupt_on_sigterm,
@@ -188,6 +188,8 @@ class Replay:
         self.spec = ReplaySpec.of(job)
         self.tally = Tally()
         self.from_archive = job.source == ReplaySource.ARCHIVE
+        # The rules table's rules, numbered from 1 (0: none matched).
+        self.rules = rules_in(self.spec.rules_text)
         self.queues = queue_names()
         self.writes = Writes()
 
@@ -303,17 +305,10 @@ class Replay:
     # --- one id range ------------------------------------------------------------
 
     def _slice(self, frame: DataFrame, after: int, upto: int) -> None:
-        routed = self._routed(frame).persist()
-        try:
-            groups = routed.groupBy("verdict", "target", "rule").count().collect()
-            staged = self._count(groups)
-            if self.job.dry_run:
-                self._sample(routed)
-            elif staged:
-                self._stage(routed)
-        finally:
-            routed.unpersist()
-        if not self.job.dry_run and staged:
+        routed = self._routed(frame)
+        if self.job.dry_run:
+            self._try(routed)
+        elif self._count(self._stage(routed)):
             if self.job.velocity is None:
                 self._settled(self.writes.room())
                 progress, skips = self.tally.routed(), self.tally.take_skips()
@@ -324,6 +319,16 @@ class Replay:
                 self._settled(self.writes.settle())
                 self._write_paced(after, upto)
         self._report()
+
+    def _try(self, routed: DataFrame) -> None:
+        """A dry run's range: its routing counted, and a sample of what it
+        would write."""
+        routed = routed.persist()
+        try:
+            self._count(routed.groupBy("verdict", "target", "rule").count().collect())
+            self._sample(routed)
+        finally:
+            routed.unpersist()
 
     def _count(self, groups: list[Any]) -> int:
         """Add a range's routing to the tally; returns the messages to write."""
@@ -361,7 +366,24 @@ class Replay:
             {"message": row["id"], "target": row["target"], "rule": row["rule"]} for row in rows
         ]
 
-    def _stage(self, routed: DataFrame) -> None:
+    def _stage(self, routed: DataFrame) -> list[tuple[str, None, int, int]]:
+        """Load the range's copies to write into the staging table, and count
+        how its rows were routed as they go by (one Spark job for both):
+        the (verdict, target, rule, rows) groups ``_count`` takes, without
+        the targets, which the write counts."""
+        groups = [(FILTERED, 0)] + [
+            (verdict, rule) for verdict in (FAIL, SKIP, WRITE) for rule in range(self.rules + 1)
+        ]
+        observation = Observation()
+        routed = routed.observe(
+            observation,
+            *(
+                F.count_if((F.col("verdict") == verdict) & (F.col("rule") == rule)).alias(
+                    f"{verdict}_{rule}"
+                )
+                for verdict, rule in groups
+            ),
+        )
         columns: list[Column | str] = [
             F.lit(self.job.id).cast("long").alias("job_id"),
             F.col("id").alias("source_id"),
@@ -375,7 +397,15 @@ class Replay:
                 for name in ARCHIVE_COLUMNS
             ]
         write_table(routed.where(F.col("verdict") == WRITE).select(*columns), "broker_replaystage")
-        replay_stage_analyze()
+        counts = observation.get
+        counted = [
+            (verdict, None, rule, counts[f"{verdict}_{rule}"])
+            for verdict, rule in groups
+            if counts[f"{verdict}_{rule}"]
+        ]
+        if any(verdict == WRITE for verdict, *_ in counted):
+            replay_stage_analyze()
+        return counted
 
     # --- writing -----------------------------------------------------------------
 
