@@ -75,7 +75,8 @@ def test_a_launch_runs_its_job_on_the_driver_started_ahead_and_readies_the_next(
     assert copies_per_source(job) == Counter(dict.fromkeys(sources, 1))
     assert command(ahead) == []
     following = STANDBY.pid
-    assert following not in (None, ahead)
+    assert following is not None
+    assert following != ahead
     assert command(following) == STANDBY_COMMAND
 
 
