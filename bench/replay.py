@@ -356,12 +356,28 @@ def spark_mode(mode: str, remote: str | None) -> None:
     """The environment the next driver starts in: SPARK_REMOTE for a client
     of the Spark Connect server (``connect``), none for a driver of its own
     on SPARK_MASTER (``classic``)."""
+    from workers.pipeline import STANDBY
+
     if mode == "connect":
         if not remote:
             raise harness.BenchError("spark: connect mode without a Spark Connect server")
         os.environ["SPARK_REMOTE"] = remote
     else:
         os.environ.pop("SPARK_REMOTE", None)
+    # As a pipeline worker keeps one ready (LAZARETTO_SPARK_STANDBY).
+    STANDBY.start()
+
+
+@dataclass
+class Launched:
+    """A replay job run to its end, as the bench saw it."""
+
+    job: Any  # ReplayJob, as it ended
+    watch: JobWatch
+    submitted: float  # time.time() just before the submission
+    submit_seconds: float
+    seconds: float  # end to end
+    db_seconds: dict[str, float]
 
 
 def run_spark(
@@ -371,7 +387,29 @@ def run_spark(
     (replay_job_submit) and run it with the launcher a pipeline worker uses
     (replay_job_launch), its driver in ``mode`` (the environment says which:
     spark_mode). The clock starts just before the submission."""
-    from broker.models import ReplayJobStatus, ReplaySource
+    run = launch(bench_url, source, timeout)
+    check_run(run, source, timeout, way)
+    verify(bench_url, source, source.messages, way)
+    times = spark_times(run, bench_url, source, mode, way)
+    harness.log(
+        f"{way}: {run.job.written} written in {run.seconds:.2f}s from the submission; driver "
+        f"took the job at {times.driver_started:.2f}s, session up at {times.ready:.2f}s"
+        f"{'' if times.ready_exact else ' (seen, not stamped)'}, first JDBC connection at "
+        f"{times.first_jdbc if times.first_jdbc is None else round(times.first_jdbc, 2)}s, "
+        f"first write seen at {times.first_write:.2f}s (its transaction began at "
+        f"{times.first_copy if times.first_copy is None else round(times.first_copy, 2)}s), "
+        f"job finished at {times.finished:.2f}s"
+    )
+    harness.log(
+        f"{way}: sampled database time (s): {run.db_seconds}; longest (s): {times.longest_seconds}"
+    )
+    return harness.Timed(way, run.seconds, run.job.written), times
+
+
+def launch(bench_url: str, source: Source, timeout: float) -> Launched:
+    """The job submitted and launched, watched from just before the
+    submission to the launcher's return."""
+    from broker.models import ReplaySource
     from broker.pipeline.replay import replay_job_submit
     from broker.pipeline.selection import ReplaySpec
     from workers.pipeline import replay_job_launch
@@ -390,6 +428,14 @@ def run_spark(
     finally:
         seconds = harness.since(started)
         db_seconds = watch.stop()
+    return Launched(ended, watch, submitted, submit_seconds, seconds, db_seconds)
+
+
+def check_run(run: Launched, source: Source, timeout: float, way: str) -> None:
+    """Fail the bench unless the job wrote every copy."""
+    from broker.models import ReplayJobStatus
+
+    ended, watch = run.job, run.watch
     if watch.timed_out:
         raise harness.BenchError(
             f"{way}: the replay job ran past {timeout:.0f}s and was cancelled ({ended.status}); "
@@ -403,45 +449,36 @@ def run_spark(
             f"{way}: the job wrote {ended.written} of {source.messages} "
             f"(read {ended.read}, failed {ended.failed}, skipped {ended.skipped})"
         )
-    if watch.ready is None or watch.driver_started is None or ended.finished_at is None:
+
+
+def spark_times(run: Launched, bench_url: str, source: Source, mode: str, way: str) -> SparkTimes:
+    """The run's clock, in seconds from the submission."""
+    watch = run.watch
+    if watch.ready is None or watch.driver_started is None or run.job.finished_at is None:
         raise harness.BenchError(f"{way}: the job never stored its Spark application id")
     if watch.first_write is None:
         raise harness.BenchError(f"{way}: the watcher never saw the job's first write")
-    verify(bench_url, source, source.messages, way)
     with psycopg.connect(bench_url, autocommit=True) as conn:
         row = conn.execute(FIRST_COPY_SQL, [source.origin_id]).fetchone()
     first_copy: datetime | None = row[0] if row else None
 
     def since_submit(moment: datetime) -> float:
-        return moment.timestamp() - submitted
+        return moment.timestamp() - run.submitted
 
-    times = SparkTimes(
+    return SparkTimes(
         mode=mode,
-        total=seconds,
-        submit=submit_seconds,
+        total=run.seconds,
+        submit=run.submit_seconds,
         ready=since_submit(watch.ready),
         ready_exact=watch.ready_exact,
         driver_started=since_submit(watch.driver_started),
         first_jdbc=since_submit(watch.first_jdbc) if watch.first_jdbc else None,
         first_write=since_submit(watch.first_write),
         first_copy=since_submit(first_copy) if first_copy else None,
-        finished=since_submit(ended.finished_at),
-        db_seconds=db_seconds,
+        finished=since_submit(run.job.finished_at),
+        db_seconds=run.db_seconds,
         longest_seconds={kind: round(value, 1) for kind, value in sorted(watch.longest.items())},
     )
-    harness.log(
-        f"{way}: {ended.written} written in {seconds:.2f}s from the submission; driver took "
-        f"the job at {times.driver_started:.2f}s, session up at {times.ready:.2f}s"
-        f"{'' if times.ready_exact else ' (seen, not stamped)'}, first JDBC connection at "
-        f"{times.first_jdbc if times.first_jdbc is None else round(times.first_jdbc, 2)}s, "
-        f"first write seen at {times.first_write:.2f}s (its transaction began at "
-        f"{times.first_copy if times.first_copy is None else round(times.first_copy, 2)}s), "
-        f"job finished at {times.finished:.2f}s"
-    )
-    harness.log(
-        f"{way}: sampled database time (s): {db_seconds}; longest (s): {times.longest_seconds}"
-    )
-    return harness.Timed(way, seconds, ended.written), times
 
 
 def run_warmup(setup: Setup, timeout: float) -> harness.Timed:
@@ -538,8 +575,8 @@ def run_all(options: Options, bench_url: str) -> Figures:
                     bench_url, setup.main, options.spark_timeout, "connect", "spark_connect"
                 )
                 figures.results["spark_connect"] = result
-            reset(setup)
             spark_mode("classic", None)
+            reset(setup)
             harness.log(
                 f"spark_classic: replay job for {options.messages} messages, a driver of its "
                 f"own on {figures.config['master']}"
@@ -667,7 +704,8 @@ def print_report(options: Options, figures: Figures) -> None:
         f"spark_connect: a client of the bench's Spark Connect server ({config.get('remote')}, "
         f"on {config['master']}), warm: it ran a warm-up job of "
         f"{warmup.messages if warmup else '?'} messages first",
-        f"spark_classic: a driver of its own on {config['master']}, cold: a new JVM for the job",
+        f"spark_classic: a driver of its own on {config['master']}, cold: a new JVM for the job "
+        "(its Python loaded ahead, as a pipeline worker keeps a driver)",
         "insert_select: one INSERT ... SELECT, one transaction, unmarked copies (the machine's limit)",
         f"orm: Message.objects.create per message, one transaction each, on a sample of "
         f"{options.orm_sample}",
