@@ -1277,17 +1277,21 @@ class Recorded:
     task_errors: list[str]
 
 
+def phase_minutes(options: Options) -> dict[str, float]:
+    return {
+        "steady": options.minutes,
+        "idle_txn": options.idle_minutes,
+        "recovery": options.recovery_minutes,
+    }
+
+
 def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run:
     """Publish at the soak's rate through its phases, drain the backlog,
     and gather every window's figures."""
     rate = soak_rate(options, drain)
     queue = soak_queue(bench.bench_url, options.size, options.retention)
     windows = plan_windows(
-        [
-            ("steady", options.minutes * 60),
-            ("idle_txn", options.idle_minutes * 60),
-            ("recovery", options.recovery_minutes * 60),
-        ]
+        [(name, minutes * 60) for name, minutes in phase_minutes(options).items()]
     )
     every = sample_every(rate)
     publisher = Publisher(
@@ -1309,11 +1313,6 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
     )
     recorded = record_soak(bench, queue, windows, publisher, sampler, idle)
     _celery.verify_delivered(queue, recorded.published, "soak", counted=True)
-    delivered_rows = None
-    if options.retention == "none":
-        with psycopg.connect(bench.bench_url, autocommit=True) as conn:
-            row = conn.execute(DELIVERED_ROWS_SQL).fetchone()
-        delivered_rows = int(row[0]) if row else None
     readings = recorded.readings
     acks = [(at - recorded.started_epoch, seconds) for at, seconds in sampler.acks]
     binned = bin_latencies(acks, windows)
@@ -1340,8 +1339,17 @@ def run_soak(options: Options, bench: _celery.Bench, drain: Drain | None) -> Run
         idle={"backend_pid": idle.pid, "xid": idle.xid},
         task_errors=recorded.task_errors,
         started_utc=started_utc,
-        delivered_rows_at_end=delivered_rows,
+        delivered_rows_at_end=delivered_rows(bench.bench_url)
+        if options.retention == "none"
+        else None,
     )
+
+
+def delivered_rows(bench_url: str) -> int | None:
+    """The delivered partition's rows (none are kept under retention none)."""
+    with psycopg.connect(bench_url, autocommit=True) as conn:
+        row = conn.execute(DELIVERED_ROWS_SQL).fetchone()
+    return int(row[0]) if row else None
 
 
 def record_soak(

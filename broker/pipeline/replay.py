@@ -235,13 +235,7 @@ def replay_write_staged(
     counts that are those of the copies present. Returns the job as stored."""
     with transaction.atomic():
         mark = ReplayJob.objects.values_list("written_upto", flat=True).get(id=job.id)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(DISTINCT source_id), max(source_id) FROM broker_replaystage"
-                " WHERE job_id = %s AND source_id > %s AND source_id <= %s",
-                [job.id, after, upto],
-            )
-            staged, highest = cursor.fetchone()
+        staged, highest = _staged(job_id=job.id, after=after, upto=upto)
         start = max(after, mark)
         by_id = (
             messages_replay_staged(
@@ -265,10 +259,21 @@ def replay_write_staged(
         )
         replay_stage_clear(job_id=job.id, upto=upto)
         for queue_id, count in by_id.items():
-            queue = queues[queue_id]
-            if queue.kind == QueueKind.STANDARD:
-                messages_available.send(sender=Queue, queue=queue, count=count)
+            if queues[queue_id].kind == QueueKind.STANDARD:
+                messages_available.send(sender=Queue, queue=queues[queue_id], count=count)
     return stored
+
+
+def _staged(*, job_id: int, after: int, upto: int) -> tuple[int, int | None]:
+    """The sources staged in (after, upto], and the highest of them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(DISTINCT source_id), max(source_id) FROM broker_replaystage"
+            " WHERE job_id = %s AND source_id > %s AND source_id <= %s",
+            [job_id, after, upto],
+        )
+        staged, highest = cursor.fetchone()
+    return staged, highest
 
 
 def _store_write(
