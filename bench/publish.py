@@ -1,7 +1,10 @@
 """Publish throughput: bare binary COPY vs ``messages_publish`` vs the REST API.
 
 Each path writes N messages of SIZE bytes in batches of B into its own
-queue, and its row count and depth counter are checked afterwards.
+queue, and its row count and depth counter are checked afterwards. The
+counters' changes are folded once a second meanwhile, as the control
+worker's sweep does: a limited publish reads the depth counter, and unfolded
+changes pile up under it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -314,6 +318,33 @@ PATHS: tuple[BenchPath, ...] = (
 # --- driver and report --------------------------------------------------------
 
 
+@contextmanager
+def folding() -> Iterator[None]:
+    """The counters' changes folded every LAZARETTO_SWEEP_INTERVAL_SECONDS
+    in a thread of its own meanwhile, as the control worker's sweep does."""
+    from django.conf import settings
+    from django.db import connections
+
+    from broker.services.counting import counters_fold
+
+    stop = threading.Event()
+
+    def fold() -> None:
+        try:
+            while not stop.wait(settings.LAZARETTO_SWEEP_INTERVAL_SECONDS):
+                counters_fold()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=fold, name="fold", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run_all(options: Options, bench_url: str) -> list[harness.Timed]:
     harness.setup_django(bench_url)
     payload = harness.make_payload(options.size)
@@ -328,7 +359,8 @@ def run_all(options: Options, bench_url: str) -> list[harness.Timed]:
         target = path.prepare(f"BENCH.PUBLISH.{path.name.upper()}", options.size)
         harness.checkpoint()
         harness.log(f"{path.name}: publishing {options.messages} messages to {target.name}")
-        seconds = path.run(work, target)
+        with folding():
+            seconds = path.run(work, target)
         for queue in path.queues(target):
             verify(queue, options.messages, path.name)
         results.append(harness.Timed(path.name, seconds, options.messages))
