@@ -50,6 +50,12 @@ def command(pid: int) -> list[str]:
         return []
 
 
+def wait_for_standby(pid: int) -> None:
+    """Until process ``pid`` runs a standby driver (right after its fork it
+    is still a copy of this one)."""
+    wait_until(lambda: command(pid) == STANDBY_COMMAND, timeout=10, what=f"a standby as {pid}")
+
+
 def descendants(pid: int) -> list[int]:
     children = [
         int(child)
@@ -67,7 +73,7 @@ def test_a_launch_runs_its_job_on_the_driver_started_ahead_and_readies_the_next(
     STANDBY.start()
     ahead = STANDBY.pid
     assert ahead is not None
-    assert command(ahead) == STANDBY_COMMAND
+    wait_for_standby(ahead)
 
     job, drivers = launched(submit())
 
@@ -77,7 +83,7 @@ def test_a_launch_runs_its_job_on_the_driver_started_ahead_and_readies_the_next(
     following = STANDBY.pid
     assert following is not None
     assert following != ahead
-    assert command(following) == STANDBY_COMMAND
+    wait_for_standby(following)
 
 
 def test_a_driver_started_in_another_environment_is_stopped_not_used(

@@ -307,7 +307,7 @@ class Replay:
     def _slice(self, frame: DataFrame, after: int, upto: int) -> None:
         routed = self._routed(frame)
         if self.job.dry_run:
-            self._try(routed)
+            self._dry_run(routed)
         elif self._count(self._stage(routed)):
             if self.job.velocity is None:
                 self._settled(self.writes.room())
@@ -320,7 +320,7 @@ class Replay:
                 self._write_paced(after, upto)
         self._report()
 
-    def _try(self, routed: DataFrame) -> None:
+    def _dry_run(self, routed: DataFrame) -> None:
         """A dry run's range: its routing counted, and a sample of what it
         would write."""
         routed = routed.persist()
