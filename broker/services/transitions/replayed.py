@@ -25,8 +25,8 @@ _COPY = "payload, content_type, headers, priority, put_application, put_user"
 # wrote before (its mark, ReplayJob.written_upto), and a driver's writes each
 # take a range of their own, so no copy of the range is there yet; should one
 # be (a second driver of the job), the unique index message_replayed_once_idx
-# of broker_message_live refuses the insert as a whole. No ON CONFLICT clause: its speculative
-# insertion costs about a fifth of the write.
+# of broker_message_live refuses the insert as a whole. No ON CONFLICT
+# clause: its speculative insertion costs about a fifth of the write.
 _REPLAY_SQL = f"""
 WITH written AS (
     INSERT INTO broker_message (queue_id, {_COPY}, dead_letter, state, replay_job_id,
@@ -80,8 +80,8 @@ def messages_replay_staged(
     the job and its source) of each message job ``job_id`` staged with a
     source id in (``after``, ``upto``], once each; sources staying as they
     are. A live copy by the job of one of them (a second driver of the job)
-    fails the write as a whole with IntegrityError. An
-    internal move: no max-messages limit refuses it. Runs in the caller's transaction, which
+    fails the write as a whole with IntegrityError. An internal move: no
+    max-messages limit refuses it. Runs in the caller's transaction, which
     stores the job's mark (``broker.pipeline.replay.replay_write_staged``);
     returns the messages written per target queue id."""
     sql = _FROM_ARCHIVE_SQL if from_archive else _FROM_HOT_SQL
