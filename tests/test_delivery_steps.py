@@ -14,6 +14,7 @@ import pytest
 import redis
 from django.utils import timezone
 
+from broker.consumers import Delivery
 from broker.errors import IllegalTransition
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
 from broker.services.delivery import (
@@ -124,6 +125,32 @@ def test_a_courier_that_goes_on_claims_its_next_batch_with_the_ack(db):
     assert (second.claimed, second.acked, third.acked) == (10, 10, 5)
     assert Message.objects.filter(state=S.DELIVERED).count() == 25
     assert not in_flight.exists()
+
+
+def test_the_consumer_gets_each_message_as_published_whichever_claim_brought_it(db):
+    queue = queue_create(name="Q", consumer="noop", batch_size=2)
+    sent = [
+        NewMessage(
+            payload=bytes(range(256)),
+            content_type="application/x-raw",
+            headers={"kind": "binary", "naïve": 'ü\\n"{}"'},
+        ),
+        NewMessage(payload=b"", content_type="text/plain"),
+        NewMessage(payload=b"{}", content_type="application/json", headers={"n": "3"}),
+    ]
+    ids = messages_publish(queue_name="Q", messages=sent)
+    seen: list[Delivery] = []
+
+    with courier_of(queue) as courier:
+        courier.handler = seen.append
+        courier.deliver(claim_next=True)  # the first claim; its ack claims the next batch
+        courier.deliver(claim_next=False)
+
+    assert [(d.message_id, d.payload, d.content_type, d.headers, d.attempt) for d in seen] == [
+        (message_id, m.payload, m.content_type, dict(m.headers), 1)
+        for message_id, m in zip(ids, sent, strict=True)
+    ]
+    assert all(isinstance(d.payload, bytes) for d in seen)
 
 
 def test_a_batch_with_a_handler_error_is_settled_and_the_next_one_claimed_together(db):
