@@ -4,8 +4,11 @@ importing them."""
 from django.dispatch import Signal
 
 # Sent inside the transaction that made ``count`` messages deliverable on
-# ``queue`` (a Queue): a publish, or a move back from a dead-letter queue.
+# ``queue`` (a Queue): a publish, or a move back from a dead-letter queue;
+# or right after it, when that was one statement that committed on its own.
 # Receivers that act on the outside world must wait for the commit.
+# ``announced`` (default False): the sender's statement announced the queue
+# itself (``broker.services.delivery.queue_announce``).
 messages_available = Signal()
 
 # Sent inside the transaction that queued a bulk triage ``job`` (a BulkJob).

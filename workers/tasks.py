@@ -28,7 +28,13 @@ from broker.services.alarms import alarms_notify_due
 from broker.services.bulk import bulk_job_run
 from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
-from broker.services.delivery import Courier, queue_announce, queue_courier, task_time_limit
+from broker.services.delivery import (
+    Courier,
+    queue_announce,
+    queue_courier,
+    queue_listened,
+    task_time_limit,
+)
 from broker.services.heartbeats import heartbeat
 from broker.services.live_statistics import live_statistics_refresh
 from broker.services.sweeper import messages_sweep
@@ -83,19 +89,22 @@ def wake(
     tasks: int = 1,
     expires: float = 60.0,
     successor: bool = False,
+    unless_listened: bool = False,
 ) -> None:
     """Ask workers to deliver from a queue, best effort; a ``successor``
     takes over the waiting for the queue's announcements from the task that
-    asks for it.
+    asks for it; a task woken ``unless_listened`` does nothing when a
+    courier listens for the queue's announcements as it starts.
 
     A delivery task that outlives its time limit (a hung consumer) is killed
     with its worker process, which the sweeper counts as a crash.
     """
+    options = {"successor": successor, "unless_listened": unless_listened}
     try:
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
-                {"successor": True} if successor else None,
+                {name: True for name, on in options.items() if on} or None,
                 time_limit=task_time_limit(lease_seconds),
                 expires=expires,
                 retry=False,
@@ -112,11 +121,23 @@ def _fanout(waiting: int, batch_size: int, suspects: int = 0) -> int:
 
 
 @receiver(messages_available)
-def wake_when_available(sender: Any, queue: Queue, count: int, **kwargs: Any) -> None:
-    queue_announce(queue_id=queue.id)
+def wake_when_available(
+    sender: Any, queue: Queue, count: int, announced: bool = False, **kwargs: Any
+) -> None:
+    """Announce the queue (unless the sender did) and, after the commit,
+    wake a delivery task for each batch of the messages. A single task is
+    needed only if no courier listens for the queue's announcements: the
+    listening one has claimed them by the time the task starts."""
+    if not announced:
+        queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
     transaction.on_commit(
-        lambda: wake(queue_id=queue.id, lease_seconds=queue.lease_seconds, tasks=tasks),
+        lambda: wake(
+            queue_id=queue.id,
+            lease_seconds=queue.lease_seconds,
+            tasks=tasks,
+            unless_listened=tasks == 1,
+        ),
         robust=True,
     )
 
@@ -137,42 +158,56 @@ HANDOVER_WAIT_SECONDS = 1.0
 
 
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
-def deliver(queue_id: int, successor: bool = False) -> None:
+def deliver(queue_id: int, successor: bool = False, unless_listened: bool = False) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
     nothing due or the task's time budget is spent; then hand over. With
     nothing due and budget left, wait for the queue to be announced
     (``broker.services.delivery``) and deliver again, until the budget is
     spent or another queue is announced. A ``successor`` waits for its
-    predecessor's place."""
+    predecessor's place. ``unless_listened``: woken for messages already
+    announced, which a courier listening for the queue's announcements
+    claims (it claims once more after it stops listening): then there is
+    nothing to do."""
+    if unless_listened and queue_listened(queue_id=queue_id):
+        return
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
         if courier is None or _deliver_due(courier, budget_ends, suspects=True):
             return
-        delivered = handed_over = False
-        announced: int | None = None
         take_over = HANDOVER_WAIT_SECONDS if successor else 0.0
         with courier.listening(take_over_within=take_over) as listener:
-            # Listening from now on: look once more for what was announced
-            # before. No probe for suspects on an announcement, one round trip
-            # less before the claim: the sweeper wakes a task for each suspect.
-            while listener and not _deliver_due(courier, budget_ends, suspects=False):
-                handover = delivered and not handed_over
-                until = budget_ends - HANDOVER_SECONDS if handover else budget_ends
-                announced = courier.wait_announced(until)
-                if announced is None and handover:
-                    # Messages keep coming: a new task takes over the waiting.
-                    wake(
-                        queue_id=queue_id,
-                        lease_seconds=courier.queue.lease_seconds,
-                        successor=True,
-                    )
-                    handed_over = True
-                    continue
-                if announced != queue_id:
-                    break
-                delivered = True
-        if delivered and not handed_over and announced is None:
-            wake(queue_id=queue_id, lease_seconds=courier.queue.lease_seconds)
+            spent = listener and _listen(courier, budget_ends)
+        # Announcements it left unread when it stopped listening, whose
+        # wake-up tasks found it listening and did nothing: claimed now.
+        if listener and not spent:
+            _deliver_due(courier, budget_ends, suspects=False)
+
+
+def _listen(courier: Courier, budget_ends: float) -> bool:
+    """While listening: deliver what is due, then wait for the queue's next
+    announcement, until the budget is spent (True: a new task was woken to
+    go on) or the wait ends (False): nothing announced by the end of the
+    budget, or another queue announced, whose task may need this process.
+    A courier that has delivered hands the waiting over to a successor task
+    shortly before its budget ends."""
+    queue = courier.queue
+    delivered = handed_over = False
+    # Listening from now on: look once more for what was announced before.
+    # No probe for suspects on an announcement, one round trip less before
+    # the claim: the sweeper wakes a task for each suspect.
+    while not _deliver_due(courier, budget_ends, suspects=False):
+        handover = delivered and not handed_over
+        until = budget_ends - HANDOVER_SECONDS if handover else budget_ends
+        announced = courier.wait_announced(until)
+        if announced is None and handover:
+            # Messages keep coming: a new task takes over the waiting.
+            wake(queue_id=queue.id, lease_seconds=queue.lease_seconds, successor=True)
+            handed_over = True
+            continue
+        if announced != queue.id:
+            return False
+        delivered = True
+    return True
 
 
 def _deliver_due(courier: Courier, budget_ends: float, *, suspects: bool) -> bool:

@@ -157,7 +157,7 @@ def _lease(worker: str) -> Iterator[str]:
     transaction.
 
     And it keeps the generic plan of each prepared delivery statement
-    (``in_flight._prepared_cursor``). Left to choose, PostgreSQL found the
+    (``broker.store.cursors.bound_cursor``). Left to choose, PostgreSQL found the
     generic plan dearer than a custom one and planned the ack and claim
     afresh at every execution: 0.65 ms a delivery unit, as long as running
     it at batch 10. The statements are written for the generic plan (the
@@ -336,6 +336,20 @@ def queue_announce(*, queue_id: int) -> None:
     a NOTIFY is sent at the commit, and not at all on a rollback."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_CHANNEL, str(queue_id)])
+
+
+def queue_listened(*, queue_id: int) -> bool:
+    """Whether a courier listens for the queue's announcements now
+    (``Courier.listening``: it holds the queue's listener lock)."""
+    key = [LISTENER_LOCK_CLASS, queue_id]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CASE WHEN pg_try_advisory_lock(%s, %s)"
+            " THEN NOT pg_advisory_unlock(%s, %s) ELSE true END",
+            key + key,
+        )
+        [(listened,)] = cursor.fetchall()
+    return bool(listened)
 
 
 def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
