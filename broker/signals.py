@@ -8,7 +8,8 @@ from django.dispatch import Signal
 # or right after it, when that was one statement that committed on its own.
 # Receivers that act on the outside world must wait for the commit.
 # ``announced`` (default False): the sender's statement announced the queue
-# itself (``broker.services.delivery.queue_announce``).
+# itself (``broker.services.delivery.queue_announce``). ``ids``: the
+# messages' ids, when the sender knows them (a publish).
 messages_available = Signal()
 
 # Sent inside the transaction that queued a bulk triage ``job`` (a BulkJob).

@@ -10,15 +10,14 @@ import threading
 import time
 from collections.abc import Callable
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
 from broker.models import Message, MessageState
-from broker.services.delivery import LISTENER_LOCK_CLASS, queue_courier, queue_listened
+from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from rig.processes import Workers, database_url_for_workers, wait_until
+from rig.processes import Workers, wait_until
 from workers.tasks import deliver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,45 +162,25 @@ def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers):
     assert time.monotonic() - started < 5
 
 
-def test_a_wake_up_for_announced_messages_leaves_them_to_the_listening_courier(db, settings):
-    """The publish's wake-up task (``unless_listened``) does nothing while a
-    courier listens for the queue; without one it delivers."""
+def test_a_wake_up_for_messages_already_claimed_does_nothing(db, settings):
+    """The publish's wake-up task (``unless_claimed``: the published ids)
+    returns at once when a courier waiting for the queue has claimed them;
+    while one still waits, it delivers as any wake-up does."""
     settings.LAZARETTO_DELIVERY_TASK_SECONDS = 0.3
-    queue = queue_create(name="Q", consumer="noop")
-    publish("Q")
-    waiting = Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED)
+    queue = queue_create(name="Q", consumer="noop", batch_size=1)
+    [first] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"1")])
+    # A courier waiting for the queue took it, as it would on the announcement.
+    assert queue_deliver(queue_id=queue.id, worker="test:1").acked == 1
+    [second, third] = messages_publish(
+        queue_name="Q", messages=[NewMessage(payload=b"2"), NewMessage(payload=b"3")]
+    )
+    state = dict(Message.objects.filter(queue=queue).values_list("id", "state"))
+    assert (state[first], state[second], state[third]) == ("DLVD", "TBDL", "TBDL")
 
-    with psycopg.connect(database_url_for_workers(), autocommit=True) as courier:
-        courier.execute("SELECT pg_advisory_lock(%s, %s)", [LISTENER_LOCK_CLASS, queue.id])
-        deliver(queue.id, unless_listened=True)
-        assert waiting.count() == 1
-        deliver(queue.id)  # a wake-up of the dispatch or the sweeper
-        assert delivered("Q") == 1
+    deliver(queue.id, unless_claimed=[first])
 
-        publish("Q")
-        courier.execute("SELECT pg_advisory_unlock(%s, %s)", [LISTENER_LOCK_CLASS, queue.id])
-    deliver(queue.id, unless_listened=True)
-    assert delivered("Q") == 2
+    assert delivered("Q") == 1  # the others were left to their own wake-ups
 
+    deliver(queue.id, unless_claimed=[first, second])
 
-def test_a_courier_that_stops_listening_claims_what_was_announced_meanwhile(db, settings):
-    """Announced together with another queue, a message whose wake-up task
-    found the courier listening is claimed when the courier stops listening
-    for the other queue."""
-    settings.LAZARETTO_DELIVERY_TASK_SECONDS = 10
-    queue = queue_create(name="Q", consumer="noop")
-    queue_create(name="R", consumer="noop")
-    task = threading.Thread(target=in_thread, args=(lambda: deliver(queue.id),))
-    task.start()
-    wait_until(lambda: queue_listened(queue_id=queue.id), timeout=10, what="Q's courier listening")
-
-    started = time.monotonic()
-    with transaction.atomic():
-        publish("R")
-        publish("Q")
-    task.join(timeout=10)
-
-    assert not task.is_alive()
-    assert time.monotonic() - started < 5
-    assert delivered("Q") == 1
-    assert delivered("R") == 0
+    assert delivered("Q") == 3

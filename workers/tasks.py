@@ -30,9 +30,9 @@ from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import (
     Courier,
+    messages_waiting,
     queue_announce,
     queue_courier,
-    queue_listened,
     task_time_limit,
 )
 from broker.services.heartbeats import heartbeat
@@ -89,22 +89,22 @@ def wake(
     tasks: int = 1,
     expires: float = 60.0,
     successor: bool = False,
-    unless_listened: bool = False,
+    unless_claimed: list[int] | None = None,
 ) -> None:
     """Ask workers to deliver from a queue, best effort; a ``successor``
     takes over the waiting for the queue's announcements from the task that
-    asks for it; a task woken ``unless_listened`` does nothing when a
-    courier listens for the queue's announcements as it starts.
+    asks for it; a task woken ``unless_claimed`` (message ids) does nothing
+    when none of those messages waits any more as it starts.
 
     A delivery task that outlives its time limit (a hung consumer) is killed
     with its worker process, which the sweeper counts as a crash.
     """
-    options = {"successor": successor, "unless_listened": unless_listened}
+    options: dict[str, Any] = {"successor": successor, "unless_claimed": unless_claimed}
     try:
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
-                {name: True for name, on in options.items() if on} or None,
+                {name: value for name, value in options.items() if value} or None,
                 time_limit=task_time_limit(lease_seconds),
                 expires=expires,
                 retry=False,
@@ -122,12 +122,18 @@ def _fanout(waiting: int, batch_size: int, suspects: int = 0) -> int:
 
 @receiver(messages_available)
 def wake_when_available(
-    sender: Any, queue: Queue, count: int, announced: bool = False, **kwargs: Any
+    sender: Any,
+    queue: Queue,
+    count: int,
+    announced: bool = False,
+    ids: list[int] | None = None,
+    **kwargs: Any,
 ) -> None:
     """Announce the queue (unless the sender did) and, after the commit,
-    wake a delivery task for each batch of the messages. A single task is
-    needed only if no courier listens for the queue's announcements: the
-    listening one has claimed them by the time the task starts."""
+    wake a delivery task for each batch of the messages. A single task for
+    messages whose ids are known is needed only if they still wait when it
+    starts: a courier listening for the queue's announcements has usually
+    claimed them by then."""
     if not announced:
         queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
@@ -136,7 +142,7 @@ def wake_when_available(
             queue_id=queue.id,
             lease_seconds=queue.lease_seconds,
             tasks=tasks,
-            unless_listened=tasks == 1,
+            unless_claimed=ids if tasks == 1 else None,
         ),
         robust=True,
     )
@@ -158,17 +164,18 @@ HANDOVER_WAIT_SECONDS = 1.0
 
 
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
-def deliver(queue_id: int, successor: bool = False, unless_listened: bool = False) -> None:
+def deliver(
+    queue_id: int, successor: bool = False, unless_claimed: list[int] | None = None
+) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
     nothing due or the task's time budget is spent; then hand over. With
     nothing due and budget left, wait for the queue to be announced
     (``broker.services.delivery``) and deliver again, until the budget is
     spent or another queue is announced. A ``successor`` waits for its
-    predecessor's place. ``unless_listened``: woken for messages already
-    announced, which a courier listening for the queue's announcements
-    claims (it claims once more after it stops listening): then there is
-    nothing to do."""
-    if unless_listened and queue_listened(queue_id=queue_id):
+    predecessor's place. ``unless_claimed``: woken for these messages,
+    which a courier waiting for the queue's announcements may have claimed
+    already: then there is nothing to do."""
+    if unless_claimed and not messages_waiting(message_ids=unless_claimed):
         return
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
@@ -176,20 +183,17 @@ def deliver(queue_id: int, successor: bool = False, unless_listened: bool = Fals
             return
         take_over = HANDOVER_WAIT_SECONDS if successor else 0.0
         with courier.listening(take_over_within=take_over) as listener:
-            spent = listener and _listen(courier, budget_ends)
-        # Announcements it left unread when it stopped listening, whose
-        # wake-up tasks found it listening and did nothing: claimed now.
-        if listener and not spent:
-            _deliver_due(courier, budget_ends, suspects=False)
+            if listener:
+                _listen(courier, budget_ends)
 
 
-def _listen(courier: Courier, budget_ends: float) -> bool:
+def _listen(courier: Courier, budget_ends: float) -> None:
     """While listening: deliver what is due, then wait for the queue's next
-    announcement, until the budget is spent (True: a new task was woken to
-    go on) or the wait ends (False): nothing announced by the end of the
-    budget, or another queue announced, whose task may need this process.
-    A courier that has delivered hands the waiting over to a successor task
-    shortly before its budget ends."""
+    announcement, until the budget is spent (a new task is then woken to go
+    on), nothing is announced by the end of the budget, or another queue is
+    announced, whose task may need this process. A courier that has
+    delivered hands the waiting over to a successor task shortly before its
+    budget ends."""
     queue = courier.queue
     delivered = handed_over = False
     # Listening from now on: look once more for what was announced before.
@@ -205,9 +209,8 @@ def _listen(courier: Courier, budget_ends: float) -> bool:
             handed_over = True
             continue
         if announced != queue.id:
-            return False
+            return
         delivered = True
-    return True
 
 
 def _deliver_due(courier: Courier, budget_ends: float, *, suspects: bool) -> bool:

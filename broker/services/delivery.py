@@ -338,18 +338,15 @@ def queue_announce(*, queue_id: int) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_CHANNEL, str(queue_id)])
 
 
-def queue_listened(*, queue_id: int) -> bool:
-    """Whether a courier listens for the queue's announcements now
-    (``Courier.listening``: it holds the queue's listener lock)."""
-    key = [LISTENER_LOCK_CLASS, queue_id]
+def messages_waiting(*, message_ids: list[int]) -> bool:
+    """Whether any of the messages still waits to be claimed (TBDL)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT CASE WHEN pg_try_advisory_lock(%s, %s)"
-            " THEN NOT pg_advisory_unlock(%s, %s) ELSE true END",
-            key + key,
+            "SELECT EXISTS (SELECT FROM broker_message WHERE id = ANY(%s) AND state = 'TBDL')",
+            [message_ids],
         )
-        [(listened,)] = cursor.fetchall()
-    return bool(listened)
+        [(waiting,)] = cursor.fetchall()
+    return bool(waiting)
 
 
 def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:

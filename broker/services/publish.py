@@ -317,7 +317,9 @@ def _publish(
         ids = _insert_announced(
             queue, messages, put_user=put_user[:150], put_application=put_application[:28]
         )
-        messages_available.send(sender=Queue, queue=queue, count=len(messages), announced=True)
+        messages_available.send(
+            sender=Queue, queue=queue, count=len(messages), announced=True, ids=ids
+        )
         return {queue.id: ids}
     with transaction.atomic():
         if limited:
@@ -335,7 +337,9 @@ def _publish(
         discard_excess(limited)
         for target in targets:
             minute_count(queue_id=target.queue.id, published=len(messages))
-            messages_available.send(sender=Queue, queue=target.queue, count=len(messages))
+            messages_available.send(
+                sender=Queue, queue=target.queue, count=len(messages), ids=written[target.queue.id]
+            )
     return written
 
 
