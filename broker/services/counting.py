@@ -173,10 +173,12 @@ def counters_fold() -> bool:
     under way (it folds them)."""
     global _pruned_at
     prune = time.monotonic() - _pruned_at >= PRUNE_EVERY_SECONDS
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         # A fold lost in a crash is lost whole, the delta rows it deleted
         # with it, and the next fold does it again: its commit need not wait
-        # for the WAL to reach the disk, beside the deliveries' commits.
+        # for the WAL to reach the disk, beside the deliveries' commits. Its
+        # own transaction (durable=True), whose commit alone the setting
+        # changes.
         cursor.execute("SET LOCAL synchronous_commit TO OFF")
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [FOLD_LOCK_KEY])
         (locked,) = cursor.fetchone()

@@ -18,6 +18,7 @@ ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
 
 
 def heartbeat(*, name: str) -> None:
-    with transaction.atomic(), connection.cursor() as cursor:
+    # Durable: its own transaction, whose commit alone the setting changes.
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute("SET LOCAL synchronous_commit TO OFF")
         cursor.execute(_BEAT_SQL, [name])
