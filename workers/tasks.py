@@ -23,18 +23,16 @@ from broker.errors import StaleEpoch
 from broker.ha.guard import primary_duty
 from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob
-from broker.selectors import queues_with_active_rules, queues_with_due_messages
+from broker.selectors import (
+    messages_waiting,
+    queues_with_active_rules,
+    queues_with_due_messages,
+)
 from broker.services.alarms import alarms_notify_due
 from broker.services.bulk import bulk_job_run
 from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
-from broker.services.delivery import (
-    Courier,
-    messages_waiting,
-    queue_announce,
-    queue_courier,
-    task_time_limit,
-)
+from broker.services.delivery import Courier, queue_announce, queue_courier, task_time_limit
 from broker.services.heartbeats import heartbeat
 from broker.services.live_statistics import live_statistics_refresh
 from broker.services.sweeper import messages_sweep

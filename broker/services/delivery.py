@@ -338,17 +338,6 @@ def queue_announce(*, queue_id: int) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_CHANNEL, str(queue_id)])
 
 
-def messages_waiting(*, message_ids: list[int]) -> bool:
-    """Whether any of the messages still waits to be claimed (TBDL)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT FROM broker_message WHERE id = ANY(%s) AND state = 'TBDL')",
-            [message_ids],
-        )
-        [(waiting,)] = cursor.fetchall()
-    return bool(waiting)
-
-
 def queue_deliver(*, queue_id: int, worker: str | None = None) -> Outcome:
     """Deliver one unit of work of a queue (see ``Courier.deliver``)."""
     with queue_courier(queue_id=queue_id, worker=worker) as courier:
