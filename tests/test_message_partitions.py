@@ -17,7 +17,7 @@ from broker.selectors import DUE_QUEUES_SQL, queue_depths, queues_with_due_messa
 from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from broker.services.sweeper import LEASE_OWNERS_SQL
+from broker.services.sweeper import LEASES_SQL
 from broker.services.transitions.blacklist import message_fail
 from broker.services.transitions.in_flight import (
     _REQUEUE_UNANSWERED_SQL,
@@ -192,7 +192,7 @@ def test_the_sweepers_scans_read_the_index_of_leases_under_a_large_backlog():
         )
         cursor.execute("ANALYZE broker_message")
         plans = []
-        cursor.execute("EXPLAIN " + LEASE_OWNERS_SQL)
+        cursor.execute("EXPLAIN " + LEASES_SQL, {"overdue": 3})
         plans.append("\n".join(row[0] for row in cursor.fetchall()))
         cursor.execute("EXPLAIN " + _REQUEUE_UNANSWERED_SQL, {"dead": ["w:2:1"], "overdue": 3})
         plans.append("\n".join(row[0] for row in cursor.fetchall()))

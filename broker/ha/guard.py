@@ -84,14 +84,21 @@ def primary_duty(epoch: int | None) -> Iterator[None]:
     if epoch is None:
         yield
         return
-    current = store_epoch()
-    if current != epoch:
-        raise StaleEpoch(
-            f"A primary duty of epoch {epoch} is stale: the pair is at epoch {current}."
-        )
+    # The epoch read and the session marked in one statement; a stale duty
+    # clears the mark on its way out, as any other.
     with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lazaretto.duty_epoch', %s, false)", [str(epoch)])
+        cursor.execute(
+            "SELECT epoch, set_config('lazaretto.duty_epoch', %s, false)"
+            " FROM broker_hapair WHERE id = 1",
+            [str(epoch)],
+        )
+        row = cursor.fetchone()
+    current = int(row[0]) if row else None
     try:
+        if current != epoch:
+            raise StaleEpoch(
+                f"A primary duty of epoch {epoch} is stale: the pair is at epoch {current}."
+            )
         yield
     except (DatabaseError, psycopg.Error) as error:
         # psycopg's own errors come out of COPY, which Django does not wrap.

@@ -31,6 +31,7 @@ from datetime import timedelta
 import httpx
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from broker.models import NotificationState, PoisonAction, PoisonAlarm
@@ -139,9 +140,11 @@ def alarms_notify_due(*, budget_seconds: float = 5.0) -> NotifyResult:
     is spent (a post already under way is finished). Each outcome is recorded:
     pending -> sent on a 2xx answer; anything else counts an attempt and
     schedules the next after ``min(2**attempts, 300)`` s, and after
-    ``LAZARETTO_ALARM_NOTIFY_ATTEMPTS`` attempts pending -> failed. Called inside
-    a transaction, it raises RuntimeError: no transaction may stay open while
-    a webhook is called."""
+    ``LAZARETTO_ALARM_NOTIFY_ATTEMPTS`` attempts pending -> failed. No
+    transaction may stay open while a webhook is called: called inside one
+    with an alarm due, it raises RuntimeError."""
+    if not _due().exists():  # the common run: one statement
+        return NotifyResult()
     if not _try_lock():
         return NotifyResult(busy=True)
     result = NotifyResult()
@@ -165,6 +168,13 @@ def alarms_notify_due(*, budget_seconds: float = 5.0) -> NotifyResult:
     return result
 
 
+def _due() -> QuerySet[PoisonAlarm]:
+    """Alarms waiting for their next post, due now (alarm_pending_idx)."""
+    return PoisonAlarm.objects.filter(
+        notification=NotificationState.PENDING, notify_next_at__lte=Now()
+    )
+
+
 def _try_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [NOTIFY_LOCK_KEY])
@@ -183,12 +193,7 @@ def _claim_due(*, lease_seconds: float) -> PoisonAlarm | None:
     committed before the webhook is called. Uses alarm_pending_idx; SKIP
     LOCKED so an alarm whose outcome is being recorded is not waited for."""
     with transaction.atomic(durable=True):
-        alarm = (
-            PoisonAlarm.objects.select_for_update(skip_locked=True)
-            .filter(notification=NotificationState.PENDING, notify_next_at__lte=Now())
-            .order_by("notify_next_at", "id")
-            .first()
-        )
+        alarm = _due().select_for_update(skip_locked=True).order_by("notify_next_at", "id").first()
         if alarm is not None:
             PoisonAlarm.objects.filter(id=alarm.id).update(
                 notify_next_at=Now() + timedelta(seconds=lease_seconds)

@@ -179,9 +179,11 @@ def counters_fold() -> bool:
         # for the WAL to reach the disk, beside the deliveries' commits. Its
         # own transaction (durable=True), whose commit alone the setting
         # changes.
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [FOLD_LOCK_KEY])
-        (locked,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s), set_config('synchronous_commit', 'off', true)",
+            [FOLD_LOCK_KEY],
+        )
+        (locked, _) = cursor.fetchone()
         if not locked:
             return False
         cursor.execute(_FOLD_DEPTHS_SQL)

@@ -7,12 +7,14 @@ from django.db import connection, transaction
 
 from broker.models import Heartbeat
 
-# One statement. Committed without waiting for the WAL to reach the disk (or
-# a synchronous standby): a heartbeat lost in a crash is written again by the
-# next one, and the sweep that writes one every second no longer waits on a
-# flush beside the deliveries' commits.
+# Committed without waiting for the WAL to reach the disk (or a synchronous
+# standby): a heartbeat lost in a crash is written again by the next one, and
+# the sweep that writes one every second waits on no flush beside the
+# deliveries' commits. The statement makes the setting itself, local to its
+# transaction.
 _BEAT_SQL = f"""
-INSERT INTO {Heartbeat._meta.db_table} (name, seen_at) VALUES (%s, now())
+INSERT INTO {Heartbeat._meta.db_table} (name, seen_at)
+SELECT %s, now() FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous
 ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
 """  # noqa: S608
 
@@ -20,5 +22,4 @@ ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
 def heartbeat(*, name: str) -> None:
     # Durable: its own transaction, whose commit alone the setting changes.
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
         cursor.execute(_BEAT_SQL, [name])

@@ -53,34 +53,56 @@ class SweepResult:
         return bool(self.requeued or self.quarantined or self.purged)
 
 
+@dataclass(frozen=True)
+class Leases:
+    """The leases of the DLNG messages, as a sweep finds them."""
+
+    # Owners whose worker no longer holds its lock.
+    dead_owners: list[str]
+    # Some lease of a live owner was outlived by ``overdue_seconds()``.
+    overdue: bool
+
+    @property
+    def ended(self) -> bool:
+        """Some delivery ended without an answer."""
+        return bool(self.dead_owners) or self.overdue
+
+
+# Each owner of DLNG messages' leases, and whether one of them is overdue.
 # Index: message_in_flight_idx (lease_deadline IS NOT NULL, which only DLNG has).
-LEASE_OWNERS_SQL = (
-    "SELECT DISTINCT lease_owner FROM broker_message"
-    " WHERE state = 'DLNG' AND lease_deadline IS NOT NULL"
+LEASES_SQL = (
+    "SELECT lease_owner, bool_or(lease_deadline < now() - make_interval(secs => %(overdue)s))"
+    " FROM broker_message WHERE state = 'DLNG' AND lease_deadline IS NOT NULL"
+    " GROUP BY lease_owner"
 )
 
 
-def dead_lease_owners() -> list[str]:
-    """Lease owners of DLNG messages whose worker no longer holds its lock."""
+def leases_find(*, overdue_seconds: float) -> Leases:
+    """The leases of the DLNG messages: whose worker is gone, and whether a
+    live worker's lease is overdue."""
     with connection.cursor() as cursor:
-        cursor.execute(LEASE_OWNERS_SQL)
-        owners = [owner for (owner,) in cursor.fetchall()]
-        tokens = {owner: lease_token(owner) for owner in owners}
+        cursor.execute(LEASES_SQL, {"overdue": overdue_seconds})
+        overdue_by_owner: dict[str, bool] = dict(cursor.fetchall())
+        tokens = {owner: lease_token(owner) for owner in overdue_by_owner}
         live_tokens = [token for token in tokens.values() if token is not None]
-        if not live_tokens:
-            return owners
-        # Taking the lock succeeds only if its holder's session is gone; give
-        # it straight back so the check itself holds nothing.
-        cursor.execute(
-            "SELECT token FROM unnest(%s::bigint[]) AS token WHERE pg_try_advisory_lock(token)",
-            [live_tokens],
-        )
-        free = {token for (token,) in cursor.fetchall()}
+        free: set[int] = set()
+        if live_tokens:
+            # Taking the lock succeeds only if its holder's session is gone;
+            # give it straight back so the check itself holds nothing.
+            cursor.execute(
+                "SELECT token FROM unnest(%s::bigint[]) AS token WHERE pg_try_advisory_lock(token)",
+                [live_tokens],
+            )
+            free = {token for (token,) in cursor.fetchall()}
         if free:
             cursor.execute(
                 "SELECT pg_advisory_unlock(token) FROM unnest(%s::bigint[]) AS token", [list(free)]
             )
-    return [owner for owner, token in tokens.items() if token is None or token in free]
+    dead = [owner for owner, token in tokens.items() if token is None or token in free]
+    return Leases(
+        dead_owners=dead,
+        overdue=any(late for owner, late in overdue_by_owner.items() if owner not in dead),
+    )
 
 
 def poison_reasons(ended: Sequence[Unanswered]) -> dict[int, str]:
@@ -112,9 +134,12 @@ def overdue_seconds() -> float:
 def messages_sweep() -> SweepResult:
     """Requeue every delivery that ended without an answer as a suspect, and
     set aside the poison among them, in one transaction."""
-    dead = dead_lease_owners()
+    overdue = overdue_seconds()
+    leases = leases_find(overdue_seconds=overdue)
+    if not leases.ended:  # the common sweep: one statement
+        return SweepResult()
     with transaction.atomic():
-        ended = messages_requeue_unanswered(dead_owners=dead, overdue_seconds=overdue_seconds())
+        ended = messages_requeue_unanswered(dead_owners=leases.dead_owners, overdue_seconds=overdue)
         # Said once committed, before what becomes of the poison among them.
         transaction.on_commit(lambda: _log_unanswered(ended), robust=True)
         quarantined, purged = messages_set_aside_poison(reasons=poison_reasons(ended))
