@@ -447,3 +447,5 @@ LAZARETTO_PRIMARY_DUTIES = {
     },
 }
 CELERY_BEAT_SCHEDULE = LAZARETTO_PRIMARY_DUTIES
+# `celery beat` spreads the duties over the second as a broker node does.
+CELERY_BEAT_SCHEDULER = "workers.duties:PhasedScheduler"

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
-from celery import Celery, beat
+from celery import Celery, beat, schedules
 
 logger = logging.getLogger(__name__)
-# Beat says "Sending due task" at INFO, several times a second here.
-logging.getLogger("celery.beat").setLevel(logging.WARNING)
 
 # The longest the sending thread sleeps between looks at the schedule.
 MAX_WAIT_SECONDS = 0.5
@@ -26,6 +25,46 @@ MAX_WAIT_SECONDS = 0.5
 
 # celery ships no type hints for beat.
 _Scheduler: Any = beat.Scheduler
+_PersistentScheduler: Any = beat.PersistentScheduler
+
+
+def duty_phases(intervals: dict[str, float]) -> dict[str, float]:
+    """When each duty that runs every so many seconds (``intervals``) first
+    runs, in seconds from the schedule's start: spread evenly over the
+    shortest interval, in name order. The sweep and the dispatch, each every
+    second, then never start together, nor with the alarm posts or the
+    scans: each takes a few milliseconds of one core, where together they
+    took both cores from the deliveries at once."""
+    if not intervals:
+        return {}
+    shortest = min(intervals.values())
+    return {name: shortest * k / len(intervals) for k, name in enumerate(sorted(intervals))}
+
+
+def spread(scheduler: Any) -> None:
+    """Set the schedule's duties that run every so many seconds at their
+    phases (``duty_phases``) from now; the others (the nightly archive, a
+    crontab) keep their times."""
+    entries = {
+        name: entry
+        for name, entry in scheduler.schedule.items()
+        if type(entry.schedule) is schedules.schedule
+    }
+    intervals = {name: entry.schedule.run_every for name, entry in entries.items()}
+    phases = duty_phases({name: every.total_seconds() for name, every in intervals.items()})
+    now = scheduler.app.now()
+    for name, entry in entries.items():
+        # Due when its interval has passed since this: ``phase`` from now.
+        entry.last_run_at = now - intervals[name] + timedelta(seconds=phases[name])
+
+
+class PhasedScheduler(_PersistentScheduler):
+    """``celery beat``'s scheduler (CELERY_BEAT_SCHEDULER), where no broker
+    node sends the duties: its duties spread as the node's are."""
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        spread(self)
 
 
 class EpochScheduler(_Scheduler):
@@ -50,12 +89,16 @@ class EpochScheduler(_Scheduler):
                 for name, entry in self.duties.items()
             }
         )
+        spread(self)
 
 
 class CeleryDuties:
     """Start (under an epoch) and stop sending the primary's duties."""
 
     def __init__(self, app: Celery, duties: dict[str, dict[str, Any]]) -> None:
+        # Beat says "Sending due task" at INFO, several times a second: not
+        # in the node's log.
+        logging.getLogger("celery.beat").setLevel(logging.WARNING)
         self.app = app
         self.duties = duties
         self._stopping: threading.Event | None = None
