@@ -13,29 +13,26 @@ from broker.services.transitions.table import Transition, guard
 
 T = Transition
 
+# Waiting messages of standard queues whose expiry has passed. Index:
+# message_expiry_idx (state = 'TBDL' AND expires_at IS NOT NULL).
+_EXPIRED = f"""
+FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id
+WHERE {guard(T.EXPIRE)} AND m.expires_at < now() AND q.kind = '{QueueKind.STANDARD.value}'
+"""
 # The earliest expiries first. SKIP LOCKED: a message a worker is claiming
 # right now (the claim skips expired ones anyway) or another sweeper is
-# expiring is left for the next sweep rather than waited on. Index:
-# message_expiry_idx (state = 'TBDL' AND expires_at IS NOT NULL).
+# expiring is left for the next sweep rather than waited on.
 _EXPIRED_SQL = f"""
 SELECT m.id, q.name, q.dead_letter_queue_id, m.put_application, m.put_user, m.content_type,
        m.expires_at
-FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id
-WHERE {guard(T.EXPIRE)} AND m.expires_at < now() AND q.kind = '{QueueKind.STANDARD.value}'
+{_EXPIRED}
 ORDER BY m.expires_at, m.id
 LIMIT %(limit)s
 FOR UPDATE OF m SKIP LOCKED
-"""  # noqa: S608
-
-
-# Whether any waiting message has expired: the sweep's usual answer is no,
-# in one statement and no transaction.
-_ANY_EXPIRED_SQL = f"""
-SELECT EXISTS (
-    SELECT FROM broker_message AS m JOIN broker_queue AS q ON q.id = m.queue_id
-    WHERE {guard(T.EXPIRE)} AND m.expires_at < now() AND q.kind = '{QueueKind.STANDARD.value}'
-)
-"""  # noqa: S608
+"""
+# Whether any has: the sweep's usual answer is no, in one statement and no
+# transaction.
+_ANY_EXPIRED_SQL = f"SELECT EXISTS (SELECT {_EXPIRED})"
 
 
 def messages_expire(*, limit: int = 1000) -> list[int]:
