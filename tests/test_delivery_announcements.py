@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from broker.models import Message, MessageState
-from broker.services import delivery
-from broker.services.delivery import queue_awaited, queue_courier, queue_deliver
+from broker.services.delivery import queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import Workers, wait_until
@@ -117,119 +116,6 @@ def test_a_successor_takes_the_place_of_the_courier_that_waits(db):
     assert taken
     # It had its place once the first courier left it, not at its deadline.
     assert 0.3 < after < 5
-
-
-def awaited(queue_id: int) -> bool:
-    """``queue_awaited`` asked on a connection of its own, as a sender would."""
-    answers: list[bool] = []
-    in_thread(lambda: answers.append(queue_awaited(queue_id=queue_id)))
-    return answers[0]
-
-
-@pytest.fixture
-def woken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The queues the wake-up tasks queued from now on were for."""
-    queues: list[int] = []
-    monkeypatch.setattr("workers.tasks.wake", lambda **kwargs: queues.append(kwargs["queue_id"]))
-    return queues
-
-
-def test_a_courier_marks_its_queue_awaited_only_while_it_waits(db):
-    queue = queue_create(name="Q", consumer="noop")
-    seen: list[bool] = []
-
-    def sender() -> None:
-        # Not before the courier is in its wait: a sender asking at the
-        # instant it takes the mark would keep it from marking this wait.
-        time.sleep(0.3)
-        wait_until(lambda: awaited(queue.id), timeout=5, what="the courier marked as waiting")
-        seen.append(True)
-        in_thread(lambda: publish("Q"))
-
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
-        with courier.listening() as listener:
-            assert listener
-            assert not awaited(queue.id)  # listening, but not blocked in a wait yet
-            thread = threading.Thread(target=sender)
-            thread.start()
-            assert courier.wait_announced(time.monotonic() + 10) == queue.id
-            thread.join()
-            seen.append(awaited(queue.id))  # back from the wait: no mark
-
-    assert seen == [True, False]
-
-
-def test_a_sender_that_finds_the_waiting_mark_queues_no_wake_up_task(db, woken):
-    """A courier woken by the commit may let its mark go before the sender
-    asks: then the sender queues a wake-up that finds nothing to do. Here
-    another session holds the mark for as long as the sender asks."""
-    queue = queue_create(name="Q", consumer="noop")
-    publish("Q")
-    assert woken == [queue.id]  # nobody waits: a wake-up task
-
-    courier = connections.create_connection("default")
-    try:
-        with courier.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_lock(%s, %s)", [delivery.WAITING_LOCK_CLASS, queue.id]
-            )
-        publish("Q")
-        messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 2)
-    finally:
-        courier.close()
-    assert woken == [queue.id]  # the waiting courier claims those
-
-    # Two batches: the courier claims one, a task delivers the other.
-    queue_b = queue_create(name="B", consumer="noop", batch_size=1).id
-    courier = connections.create_connection("default")
-    try:
-        with courier.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_lock(%s, %s)", [delivery.WAITING_LOCK_CLASS, queue_b]
-            )
-        messages_publish(queue_name="B", messages=[NewMessage(payload=b"{}")] * 2)
-    finally:
-        courier.close()
-    publish("Q")
-    assert woken == [queue.id, queue_b, queue.id]
-
-
-def test_a_commit_that_found_the_courier_waiting_as_its_wait_ended_is_not_missed(
-    db, woken, monkeypatch
-):
-    """The sender's commit comes after the courier's wait has ended (with
-    nothing) but before it lets the mark go: the sender queues no task, so
-    the courier must return the announcement that arrived meanwhile."""
-    queue = queue_create(name="Q", consumer="noop")
-    announced = delivery._announced
-
-    def wait_ends_as_a_sender_commits(*, timeout: float, stop_after: int | None = None):
-        if timeout > 0:  # the wait itself: it ends empty, then the sender commits
-            in_thread(lambda: publish("Q"))
-            return []
-        return announced(timeout=timeout, stop_after=stop_after)
-
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
-        with courier.listening() as listener:
-            assert listener
-            monkeypatch.setattr(delivery, "_announced", wait_ends_as_a_sender_commits)
-            assert courier.wait_announced(time.monotonic() + 10) == queue.id
-
-    assert woken == []
-
-
-def test_a_courier_announced_with_another_queue_delivers_its_own_first(db):
-    queue = queue_create(name="Q", consumer="noop")
-    queue_create(name="R", consumer="noop")
-    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
-        assert courier is not None
-        with courier.listening() as listener:
-            assert listener
-            in_thread(lambda: publish("R"))
-            in_thread(lambda: publish("Q"))
-            assert courier.wait_announced(time.monotonic() + 5) == queue.id
 
 
 @pytest.fixture

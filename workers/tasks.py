@@ -32,13 +32,7 @@ from broker.services.alarms import alarms_notify_due
 from broker.services.bulk import bulk_job_run
 from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
-from broker.services.delivery import (
-    Courier,
-    queue_announce,
-    queue_awaited,
-    queue_courier,
-    task_time_limit,
-)
+from broker.services.delivery import Courier, queue_announce, queue_courier, task_time_limit
 from broker.services.heartbeats import heartbeat
 from broker.services.live_statistics import live_statistics_refresh
 from broker.services.sweeper import messages_sweep
@@ -134,26 +128,22 @@ def wake_when_available(
     **kwargs: Any,
 ) -> None:
     """Announce the queue (unless the sender did) and, after the commit,
-    wake a delivery task for each batch of the messages. A single batch
-    needs no task when a courier is waiting for the queue's announcements
-    (it claims the batch), and a task for messages whose ids are known is
-    needed only if they still wait when it starts: a courier that was busy
-    may have claimed them by then."""
+    wake a delivery task for each batch of the messages. A single task for
+    messages whose ids are known is needed only if they still wait when it
+    starts: a courier listening for the queue's announcements has usually
+    claimed them by then."""
     if not announced:
         queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
-
-    def wake_unless_awaited() -> None:
-        if tasks == 1 and queue_awaited(queue_id=queue.id):
-            return
-        wake(
+    transaction.on_commit(
+        lambda: wake(
             queue_id=queue.id,
             lease_seconds=queue.lease_seconds,
             tasks=tasks,
             unless_claimed=ids if tasks == 1 else None,
-        )
-
-    transaction.on_commit(wake_unless_awaited, robust=True)
+        ),
+        robust=True,
+    )
 
 
 def _observe_lag(task: Task, gauge: Gauge) -> None:

@@ -37,14 +37,6 @@ message published meanwhile is claimed at once rather than after a wake-up
 task has gone through Redis and a worker. One courier a queue waits (an
 advisory lock), and it gives its process up as soon as another queue is
 announced, whose delivery task may be waiting for a process.
-
-While it is blocked waiting, the courier holds a second advisory lock, which
-``queue_awaited`` tests: a sender that finds it held after its commit needs
-no wake-up task for a batch, since the courier will claim what that commit
-made due. The courier lets the lock go before it claims, so that a message
-published while it delivers to a slow consumer gets its own wake-up; and
-it reads the announcements that arrived by then, among them those of the
-senders that found it waiting.
 """
 
 from __future__ import annotations
@@ -98,9 +90,6 @@ WAKE_CHANNEL = "lazaretto_wake"
 # With a queue's id, the key of the advisory lock its waiting courier holds
 # (the two-key form: no delivery lease's key can equal it).
 LISTENER_LOCK_CLASS = 0x4C5A  # "LZ"
-# With a queue's id, the key of the advisory lock its courier holds while it
-# is blocked waiting for an announcement (``queue_awaited``).
-WAITING_LOCK_CLASS = 0x4C57  # "LW"
 
 
 @dataclass
@@ -274,30 +263,14 @@ class Courier:
     def wait_announced(self, until: float) -> int | None:
         """Wait, while ``listening``, until a queue is announced or the
         monotonic clock reaches ``until``; the id of the queue announced,
-        this courier's own if it was among those announced by then, None if
-        none was. Marked as waiting (``queue_awaited``) meanwhile, if no
-        sender is testing the mark at that instant."""
+        None if none was."""
         remaining = until - time.monotonic()
         if remaining <= 0:
             return None
-        key = [WAITING_LOCK_CLASS, self.queue.id]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
-            [(marked,)] = cursor.fetchall()
-        try:
-            announced = _announced(timeout=remaining, stop_after=1)
-        finally:
-            if marked:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
-        # A sender whose commit came before the unlock, and that found the
-        # mark, sent no wake-up task: its announcement is here by now
-        # (PostgreSQL sends what a session was notified of before it answers
-        # a statement), and this courier is the one to claim its messages.
-        announced += _announced(timeout=0)
-        if self.queue.id in announced:
-            return self.queue.id
-        return announced[0] if announced else None
+        for announced in connection.connection.notifies(timeout=remaining):
+            if announced.payload.isdigit():
+                return int(announced.payload)
+        return None
 
     def _after(self) -> tuple[int, int] | None:
         """Where the next claim of a batch reads on from; None: from the
@@ -338,30 +311,6 @@ def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Couri
             handler=consumer_for(queue.consumer, webhook),
             head=_heads.setdefault(queue.id, Head()),
         )
-
-
-def _announced(*, timeout: float, stop_after: int | None = None) -> list[int]:
-    """The queues announced to this session's LISTEN, waiting at most
-    ``timeout`` seconds for the first (0: only those received already)."""
-    return [
-        int(notify.payload)
-        for notify in connection.connection.notifies(timeout=timeout, stop_after=stop_after)
-        if notify.payload.isdigit()
-    ]
-
-
-def queue_awaited(*, queue_id: int) -> bool:
-    """Whether a courier of the queue is waiting for its announcements now
-    (``Courier.wait_announced``). Asked after a commit that announced the
-    queue, True means that courier will claim what the commit made due. A
-    shared lock taken and let go in the same statement: the mark is
-    exclusive."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT NOT pg_try_advisory_xact_lock_shared(%s, %s)", [WAITING_LOCK_CLASS, queue_id]
-        )
-        [(awaited,)] = cursor.fetchall()
-    return bool(awaited)
 
 
 def _advisory_lock_within(cursor: CursorWrapper, key: list[int], seconds: float) -> bool:
