@@ -5,6 +5,7 @@ is delivered."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -217,6 +218,32 @@ def test_a_vacuum_keeps_the_live_partitions_emptied_pages(db):
 
     assert filled >= 400 * 1000
     assert after == filled
+
+
+def pages_of(ids: list[int]) -> dict[int, int]:
+    """The page of the live partition each message's current version is on."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, (ctid::text::point)[0]::int FROM broker_message_live WHERE id = ANY(%s)",
+            [ids],
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.parametrize("size", [10, 100, 1024, 1500])
+def test_a_claim_writes_each_message_on_the_page_it_was_published_on(size):
+    """The live partition keeps more than half of each page free (migration
+    0021), so the claim's new version of a row stays beside the old one: no
+    other page, and a WAL record of the changed bytes only."""
+    queue = queue_create(name="Q", consumer="noop")
+    payloads = [NewMessage(payload=os.urandom(size)) for _ in range(60)]
+    ids = messages_publish(queue_name="Q", messages=payloads)
+    published = pages_of(ids)
+    assert len(set(published.values())) > 1
+
+    assert sorted(claimed(queue, 60)) == sorted(ids)
+
+    assert pages_of(ids) == published
 
 
 def scan_blocks(sql: str, queue: Queue, after: tuple[int, int]) -> int:
