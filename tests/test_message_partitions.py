@@ -21,6 +21,7 @@ from broker.services.queues import queue_create
 from broker.services.sweeper import LEASES_SQL
 from broker.services.transitions.blacklist import message_fail
 from broker.services.transitions.in_flight import (
+    _ACK_COUNTED_CLAIM_RESUMED_SQL,
     _REQUEUE_UNANSWERED_SQL,
     ACK_SQL,
     CLAIM_RESUMED_SQL,
@@ -152,6 +153,68 @@ def test_a_statement_waiting_for_a_message_the_ack_moves_out_finds_it_gone():
             assert purge.result(timeout=10).rowcount == 0
     assert len(acked) == 1
     assert partition_of() == {message_id: ("broker_message_delivered", "DLVD")}
+
+
+def test_a_courier_that_acknowledges_and_claims_holds_no_lock_on_the_other_couriers_batch():
+    # Two couriers of a queue: A has delivered 1-2, B is claiming 3-4. A's
+    # statement acknowledges 1-2 and claims on after 2. B's claim commits
+    # while A's statement runs (here: while A's ack waits for a lock). Had
+    # A's claim scanned after that commit, it would have locked 3-4 in their
+    # new, claimed version, skipped them as no longer due, and kept the lock
+    # until A committed: B's ack of its own batch would wait for A.
+    queue = queue_create(name="Q", consumer="noop", batch_size=2)
+    ids = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 6)
+    url = database_url_for_workers()
+    claim = {"queue_id": queue.id, "suspect": False, "limit": 2, "lease_seconds": 30}
+    with (
+        psycopg.connect(url) as a,
+        psycopg.connect(url) as b,
+        psycopg.connect(url) as holder,
+    ):
+        a.execute(CLAIM_SQL, {**claim, "owner": "a"})
+        a.commit()
+        [(a_after,)] = a.execute("SELECT max(id) FROM broker_message WHERE lease_owner = 'a'")
+        b_claimed = b.execute(CLAIM_SQL, {**claim, "owner": "b"}).fetchall()
+        assert sorted(row[0] for row in b_claimed) == ids[2:4]
+        holder.execute("SELECT 1 FROM broker_message WHERE id = %s FOR KEY SHARE", [ids[0]])
+        a_pid = a.info.backend_pid
+        with ThreadPoolExecutor(1) as pool:
+            statement = pool.submit(
+                a.execute,
+                _ACK_COUNTED_CLAIM_RESUMED_SQL,
+                {
+                    **claim,
+                    "ids": ids[:2],
+                    "owner": "a",
+                    "handler_errors": 0,
+                    "after_priority": 4,
+                    "after_id": a_after,
+                },
+            )
+            wait_until(
+                lambda: b.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [a_pid]
+                ).fetchone()
+                == ("Lock",),
+                timeout=10,
+                what="A's statement to wait for the held lock",
+            )
+            b.commit()
+            holder.rollback()
+            rows = statement.result(timeout=10).fetchall()
+        # A acknowledged its batch and claimed the next one; its transaction
+        # is still open.
+        assert sorted(row[1] for row in rows if row[0] is None) == ids[4:6]
+        assert sum(row[0] is not None for row in rows) == 2
+
+        b.execute("SET lock_timeout = '2s'")
+        acked = b.execute(
+            ACK_SQL, {"ids": ids[2:4], "owner": "b", "queue_id": queue.id, "handler_errors": 0}
+        ).fetchall()
+        b.commit()
+        a.commit()
+
+    assert len(acked) == 2
 
 
 def test_the_dispatcher_finds_a_due_queue_through_the_index_under_a_large_backlog():

@@ -164,9 +164,18 @@ SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 # The counted ack of one batch and the claim of the queue's next one (no
 # suspects) under the same lease, in one statement: a worker that goes on
 # delivering makes one commit per batch. The two touch different rows (DLNG
-# leased to the caller, and TBDL). A row per message acknowledged (its
-# latency, the rest NULL), then a row per message claimed (NULL, then the
-# claim's columns): each value once, whatever the batch size.
+# leased to the caller, and TBDL). A row per message claimed (NULL, then the
+# claim's columns), then a row per message acknowledged (its latency, the
+# rest NULL): each value once, whatever the batch size.
+#
+# The claim runs first, as soon as the statement has its snapshot. A row
+# that another courier claimed and committed after that snapshot still looks
+# due to this claim's scan: FOR UPDATE then locks the row's new version,
+# finds it no longer due and skips it, but keeps the lock until this
+# statement commits, and the other courier's ack of that row waits for it.
+# Run after the ack, the scan came a millisecond or more after the snapshot,
+# time enough for the other courier's claim to commit in between: with two
+# couriers on one queue, an ack in eight waited for the other's statement.
 def _ack_counted_claim_sql(*, resumed: bool) -> str:
     return f"""
 WITH {_ACK_CTES}, {
@@ -174,10 +183,10 @@ WITH {_ACK_CTES}, {
             delivered="(SELECT count(*) FROM acked)::int", handler_errors="%(handler_errors)s::int"
         )
     }, {_claim_ctes(suspect=False, resumed=resumed)}
+SELECT NULL::float8, c.* FROM claimed AS c
+UNION ALL
 SELECT extract(epoch FROM now() - created_at)::float8, NULL, NULL, NULL, NULL, NULL, NULL
 FROM acked
-UNION ALL
-SELECT NULL, c.* FROM claimed AS c
 """  # noqa: S608
 
 
