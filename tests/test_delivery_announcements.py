@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 from django.db import connection, transaction
 
-from broker.models import Message, MessageState
-from broker.services.delivery import queue_courier, queue_deliver
+from broker.models import Message, MessageState, Queue
+from broker.services.delivery import LISTENER_LOCK_CLASS, queue_courier, queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import Workers, wait_until
@@ -39,6 +39,23 @@ def in_thread(work: Callable[[], None]) -> None:
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
+
+
+def listening_for(queue_name: str) -> bool:
+    """A delivery task of the queue waits for its announcements: its session
+    holds the queue's listener lock and has run a statement since (LISTEN,
+    then a claim), and is idle, which it is only while it waits."""
+    queue_id = Queue.objects.get(name=queue_name).id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.state, a.query FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s"
+            " AND l.objsubid = 2",
+            [LISTENER_LOCK_CLASS, queue_id],
+        )
+        return any(
+            state == "idle" and "advisory_lock" not in query for state, query in cursor.fetchall()
+        )
 
 
 def delivered(queue_name: str) -> int:
@@ -153,6 +170,7 @@ def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers):
     quiet_workers(concurrency=1)
     publish("Q")
     wait_until(lambda: delivered("Q") == 1, timeout=30, what="Q's message delivered")
+    wait_until(lambda: listening_for("Q"), timeout=30, what="Q's task waiting")
 
     started = time.monotonic()
     publish("R")
