@@ -175,7 +175,8 @@ SELECT extract(epoch FROM now() - created_at)::float8 AS seconds FROM acked
 # statement commits, and the other courier's ack of that row waits for it.
 # Run after the ack, the scan came a millisecond or more after the snapshot,
 # time enough for the other courier's claim to commit in between: with two
-# couriers on one queue, an ack in eight waited for the other's statement.
+# couriers draining one queue, four acks in five waited for the other's
+# statement.
 def _ack_counted_claim_sql(*, resumed: bool) -> str:
     return f"""
 WITH {_ACK_CTES}, {
