@@ -47,6 +47,18 @@ def live_pages() -> int:
         return cursor.fetchone()[0]
 
 
+def wait_for_lock(observer: psycopg.Connection, pid: int, *, what: str) -> None:
+    """Until the session ``pid`` waits for a lock, as ``observer`` sees it."""
+    wait_until(
+        lambda: observer.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()
+        == ("Lock",),
+        timeout=10,
+        what=what,
+    )
+
+
 def test_acknowledged_messages_move_to_the_delivered_partition_and_nothing_else_does():
     queue = queue_create(name="Q", consumer="noop", batch_size=4)
     ids = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"{}")] * 10)
@@ -136,14 +148,7 @@ def test_a_statement_waiting_for_a_message_the_ack_moves_out_finds_it_gone():
                 "DELETE FROM broker_message WHERE queue_id = %s AND state = 'TBDL'",
                 [queue.id],
             )
-            wait_until(
-                lambda: worker.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [purger_pid]
-                ).fetchone()
-                == ("Lock",),
-                timeout=10,
-                what="the purge to wait for the claim's lock",
-            )
+            wait_for_lock(worker, purger_pid, what="the purge to wait for the claim's lock")
             acked = worker.execute(
                 ACK_SQL,
                 {"ids": [message_id], "owner": "w", "queue_id": queue.id, "handler_errors": 0},
@@ -191,14 +196,7 @@ def test_a_courier_that_acknowledges_and_claims_holds_no_lock_on_the_other_couri
                     "after_id": a_after,
                 },
             )
-            wait_until(
-                lambda: b.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [a_pid]
-                ).fetchone()
-                == ("Lock",),
-                timeout=10,
-                what="A's statement to wait for the held lock",
-            )
+            wait_for_lock(b, a_pid, what="A's statement to wait for the held lock")
             b.commit()
             holder.rollback()
             rows = statement.result(timeout=10).fetchall()
