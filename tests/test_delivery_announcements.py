@@ -18,7 +18,7 @@ from broker.services.delivery import LISTENER_LOCK_CLASS, queue_courier, queue_d
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import Workers, wait_until
-from workers.tasks import deliver
+from workers.tasks import deliver, wake
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -177,6 +177,26 @@ def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers):
     wait_until(lambda: delivered("R") == 1, timeout=30, what="R's message delivered")
 
     # Well within the 10 s Q's task would otherwise have waited.
+    assert time.monotonic() - started < 5
+
+
+def test_a_task_woken_for_messages_already_delivered_does_not_wait(quiet_workers):
+    """A second wake-up of Q (a dispatch that saw Q's message due) is queued
+    behind the task waiting on Q. When R is announced the waiting task
+    leaves; the second finds nothing and must not wait in its turn, deaf to
+    R's announcement, ahead of R's task."""
+    queue = queue_create(name="Q", consumer="noop")
+    queue_create(name="R", consumer="noop")
+    quiet_workers(concurrency=1)
+    publish("Q")
+    wait_until(lambda: delivered("Q") == 1, timeout=30, what="Q's message delivered")
+    wait_until(lambda: listening_for("Q"), timeout=30, what="Q's task waiting")
+    wake(queue_id=queue.id, lease_seconds=queue.lease_seconds)
+
+    started = time.monotonic()
+    publish("R")
+    wait_until(lambda: delivered("R") == 1, timeout=30, what="R's message delivered")
+
     assert time.monotonic() - started < 5
 
 

@@ -7,6 +7,7 @@ messages each second and wakes it again.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -161,23 +162,37 @@ HANDOVER_SECONDS = 0.2
 HANDOVER_WAIT_SECONDS = 1.0
 
 
+class Drained(enum.Enum):
+    """How ``_deliver_due`` ended."""
+
+    NOTHING = "nothing was due"
+    EMPTIED = "delivered until nothing was due"
+    BUDGET_SPENT = "the budget ran out with more due: a new task was woken to go on"
+
+
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
 def deliver(
     queue_id: int, successor: bool = False, unless_claimed: list[int] | None = None
 ) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
-    nothing due or the task's time budget is spent; then hand over. With
-    nothing due and budget left, wait for the queue to be announced
+    nothing due or the task's time budget is spent; then hand over. Having
+    emptied the queue with budget left, wait for the queue to be announced
     (``broker.services.delivery``) and deliver again, until the budget is
-    spent or another queue is announced. A ``successor`` waits for its
-    predecessor's place. ``unless_claimed``: woken for these messages,
-    which a courier waiting for the queue's announcements may have claimed
-    already: then there is nothing to do."""
+    spent or another queue is announced. A task that finds nothing due was
+    woken for messages another task delivered: it returns at once, leaving
+    its process to the tasks queued behind it (of other queues, whose
+    announcements it could not have heard). A ``successor`` waits for its
+    predecessor's place whatever it finds. ``unless_claimed``: woken for
+    these messages, which a courier waiting for the queue's announcements
+    may have claimed already: then there is nothing to do."""
     if unless_claimed and not messages_waiting(message_ids=unless_claimed):
         return
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
-        if courier is None or _deliver_due(courier, budget_ends, suspects=True):
+        if courier is None:
+            return
+        drained = _deliver_due(courier, budget_ends, suspects=True)
+        if drained is Drained.BUDGET_SPENT or (drained is Drained.NOTHING and not successor):
             return
         take_over = HANDOVER_WAIT_SECONDS if successor else 0.0
         with courier.listening(take_over_within=take_over) as listener:
@@ -197,7 +212,7 @@ def _listen(courier: Courier, budget_ends: float) -> None:
     # Listening from now on: look once more for what was announced before.
     # No probe for suspects on an announcement, one round trip less before
     # the claim: the sweeper wakes a task for each suspect.
-    while not _deliver_due(courier, budget_ends, suspects=False):
+    while _deliver_due(courier, budget_ends, suspects=False) is not Drained.BUDGET_SPENT:
         handover = delivered and not handed_over
         until = budget_ends - HANDOVER_SECONDS if handover else budget_ends
         announced = courier.wait_announced(until)
@@ -211,22 +226,24 @@ def _listen(courier: Courier, budget_ends: float) -> None:
         delivered = True
 
 
-def _deliver_due(courier: Courier, budget_ends: float, *, suspects: bool) -> bool:
-    """Deliver the queue's due units until none is left, or the budget is
-    spent (then a new task is woken to go on: True)."""
+def _deliver_due(courier: Courier, budget_ends: float, *, suspects: bool) -> Drained:
+    """Deliver the queue's due units until none is left or the budget is
+    spent."""
     # Within its budget, each unit's settlement also claims the next batch; a
     # batch claimed so is always delivered.
     outcome = courier.deliver(suspects=suspects, claim_next=time.monotonic() < budget_ends)
+    if not outcome.claimed:
+        return Drained.NOTHING
     while outcome.claimed:
         if time.monotonic() >= budget_ends and not courier.claimed_next:
             wake(queue_id=courier.queue.id, lease_seconds=outcome.lease_seconds)
-            return True
+            return Drained.BUDGET_SPENT
         # Suspects are probed for only while they keep turning up: with no
         # crash, one probe per task is all they cost.
         outcome = courier.deliver(
             suspects=outcome.isolated, claim_next=time.monotonic() < budget_ends
         )
-    return False
+    return Drained.EMPTIED
 
 
 @app.task(name="lazaretto.sweep", ignore_result=True)
