@@ -5,7 +5,6 @@ is delivered."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -281,32 +280,6 @@ def test_a_vacuum_keeps_the_live_partitions_emptied_pages(db):
     assert after == filled
 
 
-def pages_of(ids: list[int]) -> dict[int, int]:
-    """The page of the live partition each message's current version is on."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, (ctid::text::point)[0]::int FROM broker_message_live WHERE id = ANY(%s)",
-            [ids],
-        )
-        return dict(cursor.fetchall())
-
-
-@pytest.mark.parametrize("size", [10, 100, 1024, 1500])
-def test_a_claim_writes_each_message_on_the_page_it_was_published_on(size):
-    """The live partition keeps more than half of each page free (migration
-    0021), so the claim's new version of a row stays beside the old one: no
-    other page, and a WAL record of the changed bytes only."""
-    queue = queue_create(name="Q", consumer="noop")
-    payloads = [NewMessage(payload=os.urandom(size)) for _ in range(60)]
-    ids = messages_publish(queue_name="Q", messages=payloads)
-    published = pages_of(ids)
-    assert len(set(published.values())) > 1
-
-    assert sorted(claimed(queue, 60)) == sorted(ids)
-
-    assert pages_of(ids) == published
-
-
 def scan_blocks(sql: str, queue: Queue, after: tuple[int, int]) -> int:
     """The buffers (shared, hit or read) one claim of 100, rolled back, reads
     in its scans of the ready index and the rows they point to."""
@@ -341,6 +314,9 @@ def test_under_an_old_transaction_a_resumed_claim_reads_past_none_of_the_deliver
     queue = queue_create(name="Q", consumer="noop", batch_size=100)
     for _ in range(3):
         messages_publish(queue_name="Q", messages=[NewMessage(payload=b"x" * 1024)] * 1000)
+    # Planned on these rows' statistics, not on what earlier tests left.
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_message_live")
     with psycopg.connect(database_url_for_workers()) as old:
         old.execute("SELECT txid_current()")
         with queue_courier(queue_id=queue.id, worker="test:1") as courier:
@@ -356,3 +332,7 @@ def test_under_an_old_transaction_a_resumed_claim_reads_past_none_of_the_deliver
     assert Message.objects.filter(state=S.DELIVERED).count() == 2500
     assert from_head > 300, from_head
     assert resumed * 5 < from_head, (resumed, from_head)
+    # The head's walk reads the pages the delivered rows were published on,
+    # full pages (migration 0022): 7 rows of 1 kB a page, 357 pages. On pages
+    # filled to 45 % it read twice as many.
+    assert from_head < 2 * 2500 / 7, from_head
