@@ -128,7 +128,7 @@ async def listen(url: str, batch: int) -> None:
 
 
 async def publish(url: str, rate: float, seconds: float, size: int) -> None:
-    """Enqueue a job every 1/``rate`` s for ``seconds``, each in a
+    """Enqueue a job at each of ``publish_times(rate, seconds)``, each in a
     transaction that also reads its ``created``; then wait for every one to
     be logged done and report ``[created, seconds to its log row]`` of each."""
     body = payload(size).encode()

@@ -20,6 +20,7 @@ import asyncio
 import base64
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -33,6 +34,8 @@ GO = "go"
 REPORT = "report "
 # What every peer's queue or entrypoint is called.
 QUEUE = "bench"
+# The seed of a paced publish's arrivals (publish_times).
+ARRIVALS_SEED = 20
 
 
 def peak_rss_kb(pid: int | str = "self") -> int:
@@ -156,12 +159,21 @@ def run_command(doc: str | None, commands: Commands) -> None:
 
 
 def publish_times(rate: float, seconds: float) -> list[float]:
-    """When each message of a paced publish is due (time.monotonic()), one
-    every 1/``rate`` seconds for ``seconds`` from now: each is sent on its
-    time, not after the previous one's work, so a slow publish delays only
-    itself."""
-    started = time.monotonic()
-    return [started + index / rate for index in range(max(1, round(rate * seconds)))]
+    """When each message of a paced publish is due (time.monotonic()): about
+    ``rate`` a second for ``seconds`` from now, at the arrivals of a Poisson
+    process (exponential gaps drawn from ARRIVALS_SEED, the same for every
+    system). Messages evenly spaced would fall at the same points of every
+    second, so a broker's once-a-second work would meet the same message
+    every second, or never, as the two clocks happen to line up. Each
+    message is sent on its time, not after the previous one's work, so a
+    slow publish delays only itself."""
+    arrivals = random.Random(ARRIVALS_SEED)
+    due = time.monotonic()
+    times = []
+    for _ in range(max(1, round(rate * seconds))):
+        times.append(due)
+        due += arrivals.expovariate(rate)
+    return times
 
 
 def payload(size: int) -> str:

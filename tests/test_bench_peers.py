@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from itertools import pairwise
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from bench import _peer_report as report
 from bench import peers
 from bench._harness import ROOT, BenchError
+from bench._peer_worker import publish_times
 from bench.peers import DatabaseWork, Result
 from rig.processes import database_url_for_workers
 from tests.support.arguments import usage_error
@@ -356,6 +358,18 @@ def test_latency_leaves_out_the_warm_up_and_takes_nearest_rank_percentiles() -> 
         "p99_ms": 99.0,
         "max_ms": 100.0,
     }
+
+
+def test_paced_publishes_arrive_at_the_rate_asked_at_irregular_times() -> None:
+    """Poisson arrivals, the same for every system: not evenly spaced,
+    which would meet a broker's once-a-second work on the same message
+    every second or never."""
+    first, second = publish_times(20, 30), publish_times(20, 30)
+    assert len(first) == 600
+    assert [b - a for a, b in pairwise(first)] == [b - a for a, b in pairwise(second)]
+    gaps = [b - a for a, b in pairwise(first)]
+    assert 25 < first[-1] - first[0] < 35
+    assert min(gaps) < 0.01 < 0.1 < max(gaps)
 
 
 def test_latency_targets_judge_lazaretto_s_p99() -> None:
