@@ -14,7 +14,12 @@ import pytest
 from django.db import connection, transaction
 
 from broker.models import Message, MessageState, Queue
-from broker.services.delivery import LISTENER_LOCK_CLASS, queue_courier, queue_deliver
+from broker.services.delivery import (
+    LISTENER_LOCK_CLASS,
+    RELIANCE_LOCK_CLASS,
+    queue_courier,
+    queue_deliver,
+)
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from rig.processes import Workers, wait_until
@@ -209,3 +214,114 @@ def test_a_wake_up_for_messages_already_claimed_does_nothing(db, settings):
     deliver(queue.id, unless_claimed=[first, second])
 
     assert delivered("Q") == 3
+
+
+def test_a_publish_sends_no_wake_up_task_while_a_courier_waits_for_its_queue(db, monkeypatch):
+    """One batch published while the queue's courier waits is left to the
+    courier; before it says it waits, after any statement of its since, or
+    for more than one batch, a publish wakes a task as before."""
+    queue = queue_create(name="Q", consumer="noop", batch_size=2)
+    woken: list[int] = []
+    monkeypatch.setattr("workers.tasks.wake", lambda **kwargs: woken.append(kwargs.get("tasks", 1)))
+
+    def publish_after(seconds: float, count: int = 1) -> threading.Thread:
+        def run() -> None:
+            time.sleep(seconds)
+            messages_publish(
+                queue_name="Q", messages=[NewMessage(payload=b"{}") for _ in range(count)]
+            )
+
+        thread = threading.Thread(target=in_thread, args=(run,))
+        thread.start()
+        return thread
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+            publish_after(0).join()  # listening, but not waiting yet
+            assert woken == [1]
+
+            publisher = publish_after(0.3)
+            assert courier.wait_announced(time.monotonic() + 5) == queue.id
+            publisher.join()
+            assert woken == [1]  # the courier was waiting: no wake-up
+
+            publisher = publish_after(0.3, count=3)
+            assert courier.wait_announced(time.monotonic() + 5) == queue.id
+            publisher.join()
+            assert woken == [1, 2]  # two batches: the second needs a task
+
+            # Claiming, the courier no longer waits.
+            assert courier.deliver(suspects=False).claimed == 2
+            publish_after(0).join()
+            assert woken == [1, 2, 1]
+
+
+def test_a_courier_that_stops_waiting_looks_again_once_those_who_relied_on_it_commit(
+    db, monkeypatch
+):
+    """A publish that relied on the courier's waiting holds the queue's
+    reliance lock, shared, until it commits. The courier, leaving, waits for
+    it, then finds its message due, for which the task has another woken."""
+    queue = queue_create(name="Q", consumer="noop")
+    monkeypatch.setattr("workers.tasks.wake", lambda **kwargs: None)
+    relying = threading.Event()
+
+    def relying_publish() -> None:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock_shared(%s, %s)", [RELIANCE_LOCK_CLASS, queue.id]
+                )
+            publish("Q")
+            relying.set()
+            time.sleep(0.5)
+
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+            assert courier.wait_announced(time.monotonic() + 0.1) is None
+            publisher = threading.Thread(target=in_thread, args=(relying_publish,))
+            publisher.start()
+            assert relying.wait(5)
+            leaving = time.monotonic()
+        left = time.monotonic() - leaving
+        publisher.join()
+
+    assert courier.due_on_leaving
+    assert left >= 0.3  # it waited for the commit
+
+
+def test_a_courier_that_never_said_it_waits_leaves_at_once(db):
+    queue = queue_create(name="Q", consumer="noop")
+    publish("Q")
+    with queue_courier(queue_id=queue.id, worker="test:1") as courier:
+        assert courier is not None
+        with courier.listening() as listener:
+            assert listener
+        assert not courier.due_on_leaving
+
+
+def test_a_publish_takes_the_reliance_lock_before_it_looks_for_a_waiting_courier(db):
+    """A courier that stops waiting holds the lock: a publish that would
+    look meanwhile waits for it, and then finds no courier waiting."""
+    queue = queue_create(name="Q", consumer="noop")
+    finished: list[float] = []
+
+    def timed_publish() -> None:
+        publish("Q")
+        finished.append(time.monotonic())
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", [RELIANCE_LOCK_CLASS, queue.id])
+        publisher = threading.Thread(target=in_thread, args=(timed_publish,))
+        publisher.start()
+        time.sleep(0.4)
+        released = time.monotonic()
+        cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [RELIANCE_LOCK_CLASS, queue.id])
+    publisher.join()
+
+    [done] = finished
+    assert done >= released

@@ -126,16 +126,20 @@ def wake_when_available(
     count: int,
     announced: bool = False,
     ids: list[int] | None = None,
+    courier_waits: bool = False,
     **kwargs: Any,
 ) -> None:
     """Announce the queue (unless the sender did) and, after the commit,
-    wake a delivery task for each batch of the messages. A single task for
-    messages whose ids are known is needed only if they still wait when it
-    starts: a courier listening for the queue's announcements has usually
-    claimed them by then."""
+    wake a delivery task for each batch of the messages, unless they are one
+    batch that a courier waiting for the queue's announcements will claim
+    (``courier_waits``). A single task for messages whose ids are known is
+    needed only if they still wait when it starts: a courier listening for
+    the queue's announcements has usually claimed them by then."""
     if not announced:
         queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
+    if courier_waits and tasks == 1:
+        return
     transaction.on_commit(
         lambda: wake(
             queue_id=queue.id,
@@ -198,6 +202,9 @@ def deliver(
         with courier.listening(take_over_within=take_over) as listener:
             if listener:
                 _listen(courier, budget_ends)
+        if courier.due_on_leaving:
+            # Some may have been published in reliance on its waiting.
+            wake(queue_id=queue_id, lease_seconds=courier.queue.lease_seconds)
 
 
 def _listen(courier: Courier, budget_ends: float) -> None:

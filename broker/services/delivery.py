@@ -58,7 +58,7 @@ from structlog.contextvars import bind_contextvars, bound_contextvars, reset_con
 
 from broker.consumers import Delivery, FormatError, Handler, WebhookOptions, consumer_for
 from broker.metrics import delivery_latency_observe
-from broker.models import Queue, QueueKind
+from broker.models import MessageState, Queue, QueueKind
 from broker.services.counting import minute_count
 from broker.services.transitions.in_flight import (
     Claimed,
@@ -90,6 +90,18 @@ WAKE_CHANNEL = "lazaretto_wake"
 # With a queue's id, the key of the advisory lock its waiting courier holds
 # (the two-key form: no delivery lease's key can equal it).
 LISTENER_LOCK_CLASS = 0x4C5A  # "LZ"
+# With a queue's id, the key of the lock a publish that relies on a waiting
+# courier holds, shared, until it commits (see the module's docstring).
+RELIANCE_LOCK_CLASS = 0x4C5B
+# How long a courier that stops waiting waits for the publishes that relied
+# on it to commit; past it, it has a task woken for its queue all the same.
+RELIANCE_WAIT_SECONDS = 2.0
+
+
+def waiting_sql(queue_id: int) -> str:
+    """The statement a courier runs last before it waits for the queue's
+    announcements: while its session is idle after it, the courier waits."""
+    return f"SELECT 'lazaretto: a courier waits for queue {int(queue_id)}'"
 
 
 @dataclass
@@ -195,6 +207,11 @@ class Courier:
     claimed_next: list[Claimed] = field(default_factory=list)
     # Where the next claim of a batch reads on from (``Head``).
     head: Head = field(default_factory=Head)
+    # Whether it has said it waits (``waiting_sql``) since it began listening.
+    said_waiting: bool = False
+    # Whether, when it stopped listening, messages of its queue were due:
+    # some may have been published in reliance on its waiting.
+    due_on_leaving: bool = False
 
     def deliver(self, *, suspects: bool = True, claim_next: bool = False) -> Outcome:
         """Deliver one unit of work: TBDL -> DLNG -> DLVD, or back to TBDL for
@@ -250,12 +267,15 @@ class Courier:
         if not alone:
             yield False
             return
+        self.said_waiting = self.due_on_leaving = False
         try:
             yield True
         finally:
             with connection.cursor() as cursor:
                 cursor.execute(f"UNLISTEN {WAKE_CHANNEL}")
                 cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+                if self.said_waiting:
+                    self.due_on_leaving = _due_after_reliance(cursor, self.queue.id)
             # Announcements received but not waited for: none is kept.
             for _ in connection.connection.notifies(timeout=0):
                 pass
@@ -267,6 +287,9 @@ class Courier:
         remaining = until - time.monotonic()
         if remaining <= 0:
             return None
+        with connection.cursor() as cursor:
+            cursor.execute(waiting_sql(self.queue.id))
+        self.said_waiting = True
         for announced in connection.connection.notifies(timeout=remaining):
             if announced.payload.isdigit():
                 return int(announced.payload)
@@ -311,6 +334,23 @@ def queue_courier(*, queue_id: int, worker: str | None = None) -> Iterator[Couri
             handler=consumer_for(queue.consumer, webhook),
             head=_heads.setdefault(queue.id, Head()),
         )
+
+
+def _due_after_reliance(cursor: CursorWrapper, queue_id: int) -> bool:
+    """Whether messages of the queue are due once every publish that relied
+    on its courier's waiting has committed (True if that takes longer than
+    RELIANCE_WAIT_SECONDS)."""
+    key = [RELIANCE_LOCK_CLASS, queue_id]
+    if not _advisory_lock_within(cursor, key, RELIANCE_WAIT_SECONDS):
+        return True
+    # A statement of its own, whose snapshot sees those publishes.
+    cursor.execute(
+        "SELECT pg_advisory_unlock(%s, %s), EXISTS (SELECT FROM broker_message"
+        " WHERE queue_id = %s AND state = %s AND available_at <= now())",
+        [*key, queue_id, MessageState.TO_BE_DELIVERED.value],
+    )
+    [(_, due)] = cursor.fetchall()
+    return bool(due)
 
 
 def _advisory_lock_within(cursor: CursorWrapper, key: list[int], seconds: float) -> bool:

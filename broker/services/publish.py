@@ -26,7 +26,7 @@ from broker.errors import (
 )
 from broker.models import MessageState, Queue, Topic
 from broker.services.counting import minute_count, minute_count_ctes
-from broker.services.delivery import WAKE_CHANNEL
+from broker.services.delivery import RELIANCE_LOCK_CLASS, WAKE_CHANNEL, waiting_sql
 from broker.services.limits import Limit, discard_excess, lock_and_measure, refuse_if_full
 from broker.signals import messages_available
 from broker.store.cursors import bound_cursor
@@ -99,7 +99,9 @@ EXPIRING_COPY_SQL = (
 # trip after the publish began (their created_at), where the COPY path's
 # transaction (BEGIN, ids, COPY, count, announcement, COMMIT) takes seven.
 # Bigger batches, and publishes that lock a limit or write several queues,
-# go by COPY.
+# go by COPY. One batch of the queue's, committed on its own, also says
+# whether a courier waits for the queue's announcements, and relies on it
+# (broker.services.delivery): then it needs no wake-up task.
 INSERT_MAX_MESSAGES = 100
 _INSERT_SQL = f"""
 WITH inserted AS (
@@ -117,7 +119,14 @@ WITH inserted AS (
     ORDER BY m.n
     RETURNING id
 ), {minute_count_ctes(published="(SELECT count(*) FROM inserted)::int")}
-SELECT array(SELECT id FROM inserted ORDER BY id), pg_notify(%(channel)s, %(queue_id)s::text)
+SELECT array(SELECT id FROM inserted ORDER BY id), pg_notify(%(channel)s, %(queue_id)s::text),
+    (SELECT %(rely)s AND EXISTS (
+        SELECT FROM pg_stat_activity
+        WHERE datname = current_database() AND state = 'idle' AND query = %(courier_waits)s
+    ) FROM (
+        SELECT pg_advisory_xact_lock_shared(%(reliance_class)s, %(queue_id)s::int4)
+        WHERE %(rely)s
+    ) AS relying)
 """  # noqa: S608
 
 
@@ -314,11 +323,16 @@ def _publish(
     limited = [target for target in targets if target.max_messages is not None]
     if not limited and len(targets) == 1 and len(messages) <= INSERT_MAX_MESSAGES:
         queue = targets[0].queue
-        ids = _insert_announced(
+        ids, courier_waits = _insert_announced(
             queue, messages, put_user=put_user[:150], put_application=put_application[:28]
         )
         messages_available.send(
-            sender=Queue, queue=queue, count=len(messages), announced=True, ids=ids
+            sender=Queue,
+            queue=queue,
+            count=len(messages),
+            announced=True,
+            ids=ids,
+            courier_waits=courier_waits,
         )
         return {queue.id: ids}
     with transaction.atomic():
@@ -345,11 +359,14 @@ def _publish(
 
 def _insert_announced(
     queue: Queue, messages: Sequence[NewMessage], *, put_user: str, put_application: str
-) -> list[int]:
-    """Write validated messages with _INSERT_SQL; returns their ids in order.
-    Inside the caller's transaction, a savepoint: a failed publish leaves
-    that transaction usable, as the COPY path's does."""
-    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+) -> tuple[list[int], bool]:
+    """Write validated messages with _INSERT_SQL; returns their ids in order
+    and whether a courier waiting for the queue will claim them. Inside the
+    caller's transaction, a savepoint: a failed publish leaves that
+    transaction usable, as the COPY path's does; and it does not rely on a
+    waiting courier, who would have to wait for that transaction's end."""
+    in_transaction = connection.in_atomic_block
+    savepoint = transaction.atomic() if in_transaction else nullcontext()
     with savepoint, bound_cursor() as cursor:
         cursor.execute(
             _INSERT_SQL,
@@ -364,12 +381,15 @@ def _insert_announced(
                 "put_application": put_application,
                 "put_user": put_user,
                 "channel": WAKE_CHANNEL,
+                "rely": not in_transaction and len(messages) <= queue.batch_size,
+                "reliance_class": RELIANCE_LOCK_CLASS,
+                "courier_waits": waiting_sql(queue.id),
             },
             prepare=True,
         )
         row = cursor.fetchone()
     assert row is not None
-    return list(row[0])
+    return list(row[0]), bool(row[2])
 
 
 def _insert(
