@@ -95,7 +95,7 @@ def test_defaults_drain_for_at_least_15_seconds_five_times() -> None:
     assert options.batch1_messages == peers.DEFAULT_BATCH1_MESSAGES
     assert options.procrastinate_messages == peers.DEFAULT_PROCRASTINATE_MESSAGES
     assert options.celery_redis_messages == peers.DEFAULT_CELERY_REDIS_MESSAGES
-    assert (options.latency_seconds, options.latency_rate) == (30.0, 20.0)
+    assert (options.latency_seconds, options.latency_rate) == (60.0, 20.0)
     assert options.keep
     assert options.latency_of == ("lazaretto", "pgqueuer")
 
