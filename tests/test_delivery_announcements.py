@@ -294,7 +294,9 @@ def test_a_courier_that_stops_waiting_looks_again_once_those_who_relied_on_it_co
     assert left >= 0.3  # it waited for the commit
 
 
-def test_a_courier_that_never_said_it_waits_leaves_at_once(db):
+def test_a_courier_that_never_said_it_waits_hands_nothing_on(db):
+    """No publish can have relied on it: it leaves its due message to the
+    wake-up that publish sent, without waiting for the reliance lock."""
     queue = queue_create(name="Q", consumer="noop")
     publish("Q")
     with queue_courier(queue_id=queue.id, worker="test:1") as courier:
