@@ -251,7 +251,8 @@ def test_a_resumed_claim_takes_no_more_than_its_limit(db):
 def test_a_delivery_task_drains_its_queue_claiming_each_batch_with_the_last_ack(db, settings):
     from workers import tasks
 
-    settings.LAZARETTO_DELIVERY_TASK_SECONDS = 60
+    # Ample for 4 batches; the task then waits for more until the budget ends.
+    settings.LAZARETTO_DELIVERY_TASK_SECONDS = 3
     queue = queue_create(name="Q", consumer="noop", batch_size=10)
     published(queue, 35)
 
