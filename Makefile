@@ -38,17 +38,18 @@ endef
 LAZARETTO_TEST_DB_PROFILE ?= fast
 # pytest-xdist workers: the suite runs on this many processes, a test file
 # at a time on each (--dist loadfile), each with its own test database.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 # bench-soak's delivered_retention for every queue it makes: full, headers or none.
 RETENTION ?= full
 
-.PHONY: help venv services stop test run run-ha lint fmt fuzz bench bench-peers bench-soak clean
+.PHONY: help venv services stop test test-fast run run-ha lint fmt fuzz bench bench-peers bench-soak clean
 
 help:
 	@echo "make venv      create .venv and install requirements-dev.txt (only when it changed)"
 	echo "make services  start project-local PostgreSQL + Redis (scripts/services.sh start)"
 	echo "make stop      stop them"
-	echo "make test      ruff check, ruff format --check, mypy, pytest on $(PYTEST_WORKERS) workers"
+	echo "make test      ruff check, ruff format --check, mypy, every test on $(PYTEST_WORKERS) workers"
+	echo "make test-fast ruff, and the tests that need no HA pair, fuzzer, Spark or browser (the inner loop)"
 	echo "make run       migrate, load demo data, serve the console on 127.0.0.1:\$$PORT (PORT=$(PORT)); Spark jobs on a local Spark Connect server (SPARK_CONNECT_PORT)"
 	echo "make run-ha    the same with an HA pair: two broker nodes, a second PostgreSQL cluster"
 	echo "make lint      ruff check + ruff format --check + mypy"
@@ -81,6 +82,15 @@ services:
 stop:
 	@$(SERVICES) stop
 
+# The project byte-compiled once, so that none of the hundreds of Python
+# processes the suite starts compiles it again (PYTHONDONTWRITEBYTECODE would
+# otherwise have each do so). The files go out to the workers heaviest tier
+# first (tests/conftest.py), not pytest-xdist's most-tests-first.
+PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+COMPILE := $(VENV)/bin/python -m compileall -q broker console workers demo_consumers rig tests bench
+# What test-fast leaves out: the tiers that need an HA pair, the fuzzer, Spark or Chromium.
+FAST_TIER := not (ha or fuzz or spark or browser)
+
 test: venv services
 	@$(load_env)
 	set -x
@@ -89,7 +99,16 @@ test: venv services
 	$(VENV)/bin/mypy .
 	bash scripts/browser.sh
 	bash scripts/spark.sh
-	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(COMPILE)
+	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(PYTEST) --durations=10
+
+test-fast: venv services
+	@$(load_env)
+	set -x
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(COMPILE)
+	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(PYTEST) -m "$(FAST_TIER)"
 
 lint: venv
 	@$(lint_env)

@@ -175,13 +175,13 @@ def worker_env(bench_url: str) -> dict[str, str]:
 
 def log_tails(workers: Workers, limit: int = 1500) -> str:
     return "\n".join(
-        f"--- {name}.log\n{workers.log(name)[-limit:]}"
-        for name in ("deliveries", "control", "beat")
+        f"--- {name}.log\n{workers.log(name)[-limit:]}" for name in ("deliveries", "control")
     )
 
 
 def start_workers(workers: Workers) -> None:
-    """Returns once the deliveries and control workers and beat logged that they run."""
+    """Returns once the deliveries and control workers and beat (in the
+    control worker) logged that they run."""
     try:
         workers.start()
     except AssertionError as error:  # rig.processes.wait_until timed out
@@ -192,7 +192,7 @@ def start_workers(workers: Workers) -> None:
 def celery_processes(
     bench: Bench, directory: Path, extra_env: dict[str, str] | None = None
 ) -> Iterator[Workers]:
-    """A deliveries worker (--concurrency C), a control worker and beat, as
+    """A deliveries worker (--concurrency C), a control worker running beat, as
     rig.processes.Workers starts them, with ``extra_env`` on top of
     worker_env(); their process groups are killed on the way out, and their
     logs end a failure's message."""

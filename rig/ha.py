@@ -588,6 +588,8 @@ print(token_create(user=user, name=f"ha-{User.objects.count()}-{__import__('time
 # -- what the tests send through the pair ---------------------------------------
 
 QUEUE = "HA.ORDERS"
+# Publishes a second of the tests' client (Publisher).
+PUBLISH_RATE = 20.0
 
 
 def start_pair(pair: Pair) -> None:
@@ -626,11 +628,14 @@ def make_queue(env: dict[str, str]) -> None:
 
 class Publisher(threading.Thread):
     """Publishes p-0, p-1, … one at a time through the API, each retried
-    until answered 201 (what a client of a failing-over server does)."""
+    until answered 201 (what a client of a failing-over server does), at
+    most ``rate`` a second: flat out, the client, gunicorn and both servers
+    took a core between them, which the pair's own heartbeats then lacked."""
 
-    def __init__(self, web: WebServer) -> None:
+    def __init__(self, web: WebServer, rate: float = PUBLISH_RATE) -> None:
         super().__init__(daemon=True)
         self.web = web
+        self.interval = 1.0 / rate
         self.acked: list[str] = []
         self.ack_times: list[float] = []
         self.failures = 0
@@ -640,7 +645,9 @@ class Publisher(threading.Thread):
     def run(self) -> None:
         number = 0
         last_ack = time.monotonic()
+        next_at = time.monotonic()
         while not self.stopping.is_set():
+            next_at = max(next_at + self.interval, time.monotonic())
             payload = f"p-{number}"
             status, _ = self.web.publish(QUEUE, payload)
             if status == 201:
@@ -652,7 +659,8 @@ class Publisher(threading.Thread):
                 number += 1
             else:
                 self.failures += 1
-                time.sleep(0.05)
+                next_at = max(next_at, time.monotonic() + 0.05)
+            self.stopping.wait(max(next_at - time.monotonic(), 0.0))
 
     def gap_around(self, start: float, end: float) -> float:
         """The longest time without a 201, from the last one before ``start``

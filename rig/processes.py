@@ -174,7 +174,10 @@ class SparkConnectServer:
 
 @dataclass
 class Workers:
-    """Celery processes: delivery workers, a control worker and beat."""
+    """Celery processes: delivery workers and a control worker, which runs
+    beat beside its pool (``-B``, in a process forked from it: one Django
+    start-up fewer for every set of workers a test starts; the schedule and
+    the scheduler are the same)."""
 
     directory: Path
     broker_url: str
@@ -217,17 +220,14 @@ class Workers:
             "deliveries",
             [*celery, "worker", "-Q", "deliveries", "-c", str(self.concurrency), *quiet],
         )
+        beat = ["-B", "--schedule", str(self.directory / "beat")] if self.beat else []
         self._spawn(
             "control",
-            [*celery, "worker", "-Q", "control", "-c", "2", "-n", "control@%h", *quiet],
+            [*celery, "worker", "-Q", "control", "-c", "2", "-n", "control@%h", *beat, *quiet],
         )
         signs = [("deliveries", "ready."), ("control", "ready.")]
         if self.beat:
-            self._spawn(
-                "beat",
-                [*celery, "beat", "-l", "info", "--schedule", str(self.directory / "beat")],
-            )
-            signs.append(("beat", "Sending due"))
+            signs.append(("control", "Sending due"))
         if self.pipeline:
             self._spawn(
                 "pipeline",

@@ -9,12 +9,14 @@ from contextlib import ExitStack, suppress
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 from urllib.parse import urlsplit
 
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.core.management.commands import flush
 from django.db import connection, connections
 from django.test import override_settings
 from pytest_django import DjangoDbBlocker
@@ -33,6 +35,7 @@ from rig.processes import (
     point_celery_at,
 )
 from tests.support.console import with_key
+from tests.support.databases import sql_flush_of_what_was_written
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
 from workers.pipeline import STANDBY
@@ -260,6 +263,24 @@ def spark_env(
 
 
 @pytest.fixture(scope="session", autouse=True)
+def fast_password_hashing() -> Iterator[None]:
+    """PBKDF2 takes most of a second a hash here, and most tests make a user
+    or two: hashing their passwords took a third of the suite's processor
+    time. The tests of logging in go through the same flow with MD5; the
+    servers and workers the tests start keep the settings' own hashers."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flush_truncates_only_what_was_written() -> Iterator[None]:
+    """After each transactional test, Django's flush truncates the tables
+    the test wrote rather than all of them (tests.support.databases)."""
+    with patch.object(flush, "sql_flush", sql_flush_of_what_was_written):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def process_private_cache_and_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Cache keys, dump files and archive of this pytest process alone.
 
@@ -355,6 +376,48 @@ def chosen_test_db_profile(environ: Mapping[str, str] = os.environ) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse a bad LAZARETTO_TEST_DB_PROFILE before any test runs."""
     chosen_test_db_profile()
+
+
+# --- the tiers, and the order the files run in ---------------------------------
+
+# What `make test-fast` leaves out (docs/development.md), from the heaviest:
+# the fault-injection pair, the fuzzer, Spark and Chromium. A test carries
+# the mark of its module (pytestmark); a test that uses the Spark fixtures,
+# or lives in tests/browser/, is marked spark or browser without being told.
+TIERS = ("ha", "fuzz", "spark", "browser")
+SPARK_FIXTURES = {"spark_env", "spark_connect_server"}
+BROWSER_TESTS = Path(__file__).parent / "browser"
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark a test spark when it uses the Spark fixtures, browser when it
+    lives in tests/browser/: as it is collected, so that ``-m`` (run after
+    collection) sees the marks."""
+    if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker("spark")
+    if item.path.is_relative_to(BROWSER_TESTS):
+        item.add_marker("browser")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the files in the order of their heaviest tier, the heaviest
+    first, each file's tests in the order pytest-django gave them. ``make
+    test`` hands the files out in this order (``--no-loadscope-reorder``):
+    the long files start first and the many short ones fill the processes'
+    ends, where pytest-xdist's own order (the files with most tests first)
+    left the longest for last."""
+    rank: dict[Path, int] = {}
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        tiers = [TIERS.index(tier) for tier in TIERS if tier in marks]
+        weight = min(tiers, default=len(TIERS) + ("slow" not in marks))
+        rank[item.path] = min(rank.get(item.path, weight), weight)
+    order = {item: index for index, item in enumerate(items)}
+    first: dict[Path, int] = {}
+    for item in items:
+        first.setdefault(item.path, order[item])
+    items.sort(key=lambda item: (rank[item.path], first[item.path], order[item]))
 
 
 @pytest.fixture(scope="session")

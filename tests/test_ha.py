@@ -37,7 +37,7 @@ from rig.ha import (
 )
 from rig.processes import ROOT, RedisServer, free_port, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ha]
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from rig.ha import (
 )
 from rig.processes import RedisServer, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ha]
 
 # (target, fault): what a step may do to the pair. "primary" and "standby"
 # are the roles at the step's start.

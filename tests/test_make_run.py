@@ -21,7 +21,7 @@ from rig.processes import ROOT, free_port
 from tests.support.databases import throwaway_database
 from workers.spark.connect_server import answering
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ QUEUES = ("ORDERS.IN", "ORDERS.OUT", "BILLING.IN")
 TARGETS = ("REPAIR", "HOLD", "NO.SUCH.QUEUE")
 REASONS = ("handler_error", "format_error", "expired", "max_messages_reached")
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.django_db]
 
 # What the replay job's executors get of each row: the id, and text.
 COLUMNS = StructType(

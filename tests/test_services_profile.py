@@ -145,19 +145,28 @@ def test_a_bad_profile_stops_the_test_session_before_any_test_runs():
     assert "passed" not in result.stdout
 
 
+PYTEST_RUN = ".venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder"
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("target", "selection"),
+    [("test", "--durations=10"), ("test-fast", '-m "not (ha or fuzz or spark or browser)"')],
+)
 @pytest.mark.parametrize(("caller", "profile"), [(None, "fast"), ("durable", "durable")])
-def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(caller, profile):
+def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(
+    target, selection, caller, profile
+):
     env = {key: value for key, value in os.environ.items() if key != TEST_DB_PROFILE_VARIABLE}
     if caller is not None:
         env[TEST_DB_PROFILE_VARIABLE] = caller
     result = subprocess.run(
-        ["make", "-n", "test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        ["make", "-n", target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 
     assert result.returncode == 0, result.stderr
     runs = [line for line in result.stdout.splitlines() if ".venv/bin/pytest" in line]
-    assert runs == [f"LAZARETTO_TEST_DB_PROFILE={profile} .venv/bin/pytest -n 2 --dist loadfile"]
+    assert runs == [f"LAZARETTO_TEST_DB_PROFILE={profile} {PYTEST_RUN} {selection}"]
 
 
 # --- var/services.env ------------------------------------------------------------------

@@ -108,6 +108,7 @@ def tls_only_cluster() -> Iterator[Cluster]:
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_a_spark_read_goes_over_tls_when_the_url_asks_for_it(tls_only_cluster: Cluster) -> None:
     from workers.spark.session import spark_session
 

@@ -33,7 +33,6 @@ from playwright.sync_api import (
     sync_playwright,
 )
 from playwright.sync_api import Error as PlaywrightError
-from pytest_django.fixtures import SettingsWrapper
 from pytest_django.live_server_helper import LiveServer
 
 from tests.support.browser import ARTIFACTS_DIR, BrowserLog
@@ -112,13 +111,6 @@ def browser() -> Iterator[Browser]:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         else:
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings: SettingsWrapper) -> None:
-    """PBKDF2 takes most of a second a hash here, and a browser test hashes
-    twice (creating its user, logging in); the login flow is the same with MD5."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
