@@ -7,7 +7,8 @@ Console views show a refusal beside their form (``service_errors``) and the
 API answers it with its error body (``console.api.errors``); any other view
 whose write the guard refuses (split brain: every write; a standby
 synchronising: configuration changes) answers 503 with a page that says
-why, or the JSON error body under /api/, rather than a 500."""
+why, or the JSON error body under /api/, rather than a 500. So does a
+request that needed Redis while it cannot be reached (``redis_unavailable``)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from broker.errors import StoreUnavailable
+from broker.errors import BrokerError, StoreUnavailable
 from broker.ha.guard import refusal
 from broker.store.deadline import limit
-from console.api.errors import DATABASE_ERRORS, error_body
+from console.api.errors import DATABASE_ERRORS, REDIS_ERRORS, RedisUnavailable, error_body
 from console.time_zones import time_zone_of
 
 REFUSED = 503
@@ -43,7 +44,10 @@ class StoreDeadlineMiddleware:
             return self.get_response(request)
 
 
-class HaRefusalMiddleware:
+class RefusalMiddleware:
+    """A write the HA guard refused, or Redis unreachable, wherever it was
+    not caught: 503 with the error's code, never 500."""
+
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
@@ -51,16 +55,20 @@ class HaRefusalMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if not isinstance(exception, DATABASE_ERRORS):
+        error: BrokerError | None
+        if isinstance(exception, REDIS_ERRORS):
+            error = RedisUnavailable()
+        elif isinstance(exception, DATABASE_ERRORS):
+            error = refusal(exception)
+        else:
             return None
-        error = refusal(exception)
         if error is None:
             return None
         if request.path.startswith("/api/"):
             response: HttpResponse = JsonResponse(
                 error_body(error.code, error.detail), status=REFUSED
             )
-        elif isinstance(error, StoreUnavailable):
+        elif isinstance(error, StoreUnavailable | RedisUnavailable):
             # Without the request: its context (the user, the pair's banner)
             # would ask the store again.
             response = HttpResponse(render_to_string("503.html", {"error": error}), status=REFUSED)

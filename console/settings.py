@@ -116,7 +116,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "console.middleware.HaRefusalMiddleware",
+    "console.middleware.RefusalMiddleware",
     "console.middleware.EmptyQueryParameterMiddleware",
     # Last, as django-axes asks: it answers a locked-out sign-in.
     "axes.middleware.AxesMiddleware",
@@ -303,8 +303,15 @@ CELERY_TASK_ROUTES = {
     "lazaretto.dispatch": {"queue": "control"},
     "lazaretto.notify_alarms": {"queue": "control"},
 }
-# Wake-ups are hints: a publish must never wait for Redis.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 2}
+# Wake-ups are hints: a publish must never wait for Redis. ``max_retries``
+# 0: a send finding the connection gone tries to connect once, where kombu
+# would retry for the connect timeout (4 s) on every send while Redis is
+# down. (A worker's own connection is retried by Celery, unchanged.)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": 1,
+    "socket_timeout": 2,
+    "max_retries": 0,
+}
 
 LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)

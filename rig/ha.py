@@ -438,6 +438,37 @@ def _node_env(
     }
 
 
+def _owned_base() -> Path:
+    """A new directory for clusters, owned by the servers' OS user."""
+    base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-", dir="/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(base, user=PG_OS_USER)
+    (base / "run").mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(base / "run", user=PG_OS_USER)
+    return base
+
+
+def _copy_migrated(cluster: Cluster, *, durable: bool) -> None:
+    copied = as_owner("cp", "-a", str(migrated_cluster(durable=durable)), str(cluster.data))
+    assert copied.returncode == 0, copied.stderr
+
+
+@contextlib.contextmanager
+def single_cluster(*, durable: bool = False) -> Iterator[Cluster]:
+    """One migrated cluster, started, with no HA node: for a test that
+    kills the server under the applications using it."""
+    base = _owned_base()
+    cluster = Cluster("A", base)
+    try:
+        _copy_migrated(cluster, durable=durable)
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def ha_pair(
     redis_url: str, *, dump_dir: Path, durable: bool = False, network: Network | None = None
@@ -447,12 +478,7 @@ def ha_pair(
     postgresql.conf). ``durable`` leaves fsync on (the benches); the tests
     turn it off for speed. With a ``network`` (members A and B), each node
     and its server run in the member's namespace, at its address."""
-    base = Path(tempfile.mkdtemp(prefix="lazaretto-ha-", dir="/tmp"))
-    if os.geteuid() == 0:
-        shutil.chown(base, user=PG_OS_USER)
-    (base / "run").mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(base / "run", user=PG_OS_USER)
+    base = _owned_base()
     a, b = (
         Cluster(name, base)
         if network is None
@@ -461,8 +487,7 @@ def ha_pair(
     )
     pair = None
     try:
-        copied = as_owner("cp", "-a", str(migrated_cluster(durable=durable)), str(a.data))
-        assert copied.returncode == 0, copied.stderr
+        _copy_migrated(a, durable=durable)
         a.start()
         listen_a, listen_b = free_port(), free_port()
         common = _nodes_env(redis_url, dump_dir)

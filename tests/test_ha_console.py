@@ -39,7 +39,7 @@ from broker.models import (
     Topic,
 )
 from broker.services.publish import NewMessage, messages_publish
-from console.middleware import HaRefusalMiddleware
+from console.middleware import RefusalMiddleware
 from rig.processes import free_port
 from tests.support.console import logged_in, publish_refused
 from tests.support.messages import payload_of
@@ -651,7 +651,7 @@ def test_a_refused_write_no_view_caught_is_a_503_page_or_json(
 ):
     request = RequestFactory().post(path)
     request.user = viewer
-    middleware = HaRefusalMiddleware(lambda request: None)  # type: ignore[arg-type, return-value]
+    middleware = RefusalMiddleware(lambda request: None)  # type: ignore[arg-type, return-value]
 
     response = middleware.process_exception(request, refused_write(how))
 
@@ -667,7 +667,7 @@ def test_a_refused_write_no_view_caught_is_a_503_page_or_json(
 
 def test_other_database_errors_are_left_alone(viewer):
     request = RequestFactory().get("/")
-    middleware = HaRefusalMiddleware(lambda request: None)  # type: ignore[arg-type, return-value]
+    middleware = RefusalMiddleware(lambda request: None)  # type: ignore[arg-type, return-value]
 
     assert middleware.process_exception(request, DatabaseError("disk full")) is None
     assert middleware.process_exception(request, ValueError("no")) is None

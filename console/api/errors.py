@@ -20,6 +20,8 @@ from django.http import (
 )
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import RedisError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -31,6 +33,25 @@ from broker.ha.guard import refusal
 # driver's error, or the driver's own from a COPY (publish writes with COPY,
 # which Django does not wrap). ``refusal`` reads the SQLSTATE of either.
 DATABASE_ERRORS = (DatabaseError, psycopg.Error)
+
+# Redis, the wake-ups' broker and the cache, could not be reached: what
+# Django's cache and Celery's sending raise. Where Redis is only a helper
+# (the API's rate count, a wake-up) the caller carries on without it
+# (docs/operations.md); anything else that needed it answers 503
+# ``redis_unavailable``, never 500.
+REDIS_ERRORS = (RedisError, KombuOperationalError)
+
+
+class RedisUnavailable(broker_errors.BrokerError):
+    code = "redis_unavailable"
+    retry_after = 2
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Redis (the workers' wake-ups and the shared cache) cannot be reached just now; "
+            "retry shortly. What was stored before stays stored."
+        )
+
 
 # An error's status is that of the nearest class in its MRO listed here; any
 # NotFound, listed or not, is 404; anything else unlisted is 400.
@@ -64,6 +85,7 @@ BROKER_STATUS: dict[type[broker_errors.BrokerError], int] = {
     broker_errors.HaCommandRefused: status.HTTP_409_CONFLICT,
     broker_errors.HaNotConfigured: status.HTTP_409_CONFLICT,
     broker_errors.StoreUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
+    RedisUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
 DRF_CODES: dict[type[exceptions.APIException], str] = {
@@ -124,6 +146,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # synchronising) is the broker error it stands for; any other
         # database error stays a 500.
         exc = refusal(exc) or exc
+    if isinstance(exc, REDIS_ERRORS):
+        exc = RedisUnavailable()
     if isinstance(exc, broker_errors.BrokerError):
         extra: dict[str, Any] = {}
         if isinstance(exc, broker_errors.PayloadTooLarge):
