@@ -80,3 +80,17 @@ def test_every_default_the_schema_states_is_a_valid_value():
             errors = Draft4Validator(definition).iter_errors(default)
             wrong += [f"{name}.{field}: {error.message}" for error in errors]
     assert wrong == []
+
+
+def test_every_operation_states_the_503_of_an_outage():
+    """A client generated from the schema knows that any call may be
+    answered 503 while the store or Redis cannot be reached, with the
+    error body and its code."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    missing = [
+        f"{method.upper()} {path}"
+        for path, operations in schema["paths"].items()
+        for method, operation in operations.items()
+        if "redis_unavailable" not in str(operation["responses"].get("503", {}).get("description"))
+    ]
+    assert missing == []

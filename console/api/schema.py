@@ -36,12 +36,17 @@ class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
 
 ERROR = OpenApiResponse(response=ErrorSerializer, description="An error body.")
 
+UNAVAILABLE = (
+    "The message store (`store_unavailable`) or Redis (`redis_unavailable`) cannot be reached "
+    "just now; see Retry-After."
+)
 COMMON = {
     "400": "The input is not valid (`invalid`, with `field_errors`) or malformed.",
     "401": "No credentials, or a token that is unknown, revoked or of a deactivated user.",
     "403": "The user's role does not allow this.",
     "404": "What the path names does not exist (or a bad page cursor).",
     "429": "Over the token's request rate (`throttled`); see Retry-After.",
+    "503": UNAVAILABLE,
 }
 WITH_BODY = {"413": "The body is larger than the server accepts."}
 # What the store's HA guard refuses (broker.ha.guard), whatever the operation.
@@ -49,8 +54,8 @@ WRITES = {
     "409": "Refused in the current state: a name already taken (`already_exists`) and, among "
     "others, every configuration change (queues, topics, subscriptions, rules tables) while "
     "an HA standby synchronises (`ha_synchronising`).",
-    "503": "The HA pair is in maintenance after a split brain (`ha_maintenance`): writes are "
-    "refused until an admin picks the primary.",
+    "503": f"{UNAVAILABLE} Or the HA pair is in maintenance after a split brain "
+    "(`ha_maintenance`): writes are refused until an admin picks the primary.",
 }
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 
@@ -69,6 +74,11 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
             responses = operation.setdefault("responses", {})
             for status, description in answers.items():
                 responses.setdefault(status, {"description": description, "content": error})
+            own = responses["503"]
+            if UNAVAILABLE not in own["description"]:
+                # An operation's own 503 (an HA node that did not answer):
+                # an outage answers it too.
+                own["description"] = f"{own['description']} {UNAVAILABLE}"
     return result
 
 
