@@ -273,9 +273,9 @@ def fast_password_hashing() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def flush_truncates_only_what_was_written() -> Iterator[None]:
-    """After each transactional test, Django's flush truncates the tables
-    the test wrote rather than all of them (tests.support.databases)."""
+def flush_empties_only_what_was_written() -> Iterator[None]:
+    """After each transactional test, Django's flush empties the tables the
+    test wrote rather than truncating all of them (tests.support.databases)."""
     with patch.object(flush, "sql_flush", sql_flush_of_what_was_written):
         yield
 

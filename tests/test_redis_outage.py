@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.cache import cache
 from django.test import RequestFactory, override_settings
 from rest_framework.test import APIClient
@@ -30,17 +31,13 @@ def redis_gone(redis_server: RedisServer) -> Iterator[RedisServer]:
     """The cache and the wake-ups on the test's own Redis, which is then
     stopped: started again at the end."""
     location = redis_server.url.removesuffix("/0") + "/1"
-    with override_settings(CACHES={"default": {**_cache_settings(), "LOCATION": location}}):
+    with override_settings(
+        CACHES={"default": {**settings.CACHES["default"], "LOCATION": location}}
+    ):
         cache.set("reachable", 1)  # the cache really is that Redis, until now
         redis_server.stop()
         yield redis_server
         redis_server.start()
-
-
-def _cache_settings() -> dict[str, Any]:
-    from django.conf import settings
-
-    return dict(settings.CACHES["default"])
 
 
 def test_a_publish_a_replay_a_bulk_job_and_a_sign_in_complete_without_redis(
