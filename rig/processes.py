@@ -208,6 +208,10 @@ class Workers:
             "LAZARETTO_DEMO_RECORD": str(self.record_file),
             "LAZARETTO_SWEEP_INTERVAL_SECONDS": "0.25",
             "LAZARETTO_DISPATCH_INTERVAL_SECONDS": "0.25",
+            # Django's system checks, which each worker runs at start-up
+            # (a third of it), check settings the suite checks once
+            # (tests/test_deploy_check.py).
+            "CELERY_SKIP_CHECKS": "1",
             **self.extra_env,
         }
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from broker import selectors
 from broker.models import AuditEvent, BulkJob, Message, MessageState, Queue
-from broker.pipeline.archive import SCHEMA
+from broker.pipeline.archive_reads import SCHEMA
 from broker.services.bulk import bulk_job_run
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create

@@ -25,9 +25,9 @@ from broker.models import (
     Queue,
     ReplayJobStatus,
 )
+from broker.pipeline.archive_reads import archive_search
 from broker.pipeline.replay import replay_job_submit
 from broker.pipeline.selection import MessageSelection, ReplaySpec
-from broker.pipeline.selectors import archive_search
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_fail

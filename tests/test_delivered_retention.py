@@ -12,8 +12,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from broker.models import DeliveredRetention, Message, MessageState, Queue, ReplaySource
+from broker.pipeline.archive_reads import archive_count
 from broker.pipeline.selection import MessageSelection, ReplaySpec
-from broker.pipeline.selectors import archive_count
 from broker.pipeline.source import source_count
 from broker.selectors import MessageFilter, queue_depths
 from broker.services.counting import counters_fold

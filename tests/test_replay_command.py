@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from broker.models import AuditEvent, Message, Queue, QueueKind, ReplayJob, ReplayJobStatus
-from broker.pipeline.archive import SCHEMA
+from broker.pipeline.archive_reads import SCHEMA
 from broker.pipeline.replay import replay_run_finish, replay_run_progress, replay_run_start
 from tests.support.messages import dead_lettered
 from tests.support.replay import reported

@@ -10,7 +10,7 @@ WRITTEN (ArchiveChunk, with its files), and ``archive_chunk_finish`` moves
 its files into place and only then deletes its messages from PostgreSQL, in
 bounded transactions. So a crash at any step neither loses a message nor
 archives one twice. The console reads the archive with pyarrow
-(``broker.pipeline.selectors``).
+(``broker.pipeline.archive_reads``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
-import pyarrow as pa
 import pyarrow.dataset as ds
 from django.conf import settings
 from django.db import transaction
@@ -37,33 +36,6 @@ from broker.services.transitions.replayed import messages_archived
 
 logger = logging.getLogger(__name__)
 
-# The archive's columns, in the order the archive job writes them.
-SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("state", pa.string()),
-        ("payload", pa.binary()),
-        ("content_type", pa.string()),
-        ("headers", pa.string()),
-        ("priority", pa.int32()),
-        ("attempts", pa.int32()),
-        ("crash_count", pa.int32()),
-        ("timeout_count", pa.int32()),
-        ("dead_letter", pa.string()),
-        ("last_error", pa.string()),
-        ("put_application", pa.string()),
-        ("put_user", pa.string()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-        ("updated_at", pa.timestamp("us", tz="UTC")),
-        # A replayed copy's job and source (null for any other message, and
-        # in files written before copies carried them).
-        ("replay_job_id", pa.int64()),
-        ("replay_source_id", pa.int64()),
-    ]
-)
-PARTITION_FIELDS = pa.schema([("queue", pa.string()), ("day", pa.string())])
-PARTITIONING = ds.partitioning(PARTITION_FIELDS, flavor="hive")
-DATASET_SCHEMA = pa.unify_schemas([SCHEMA, PARTITION_FIELDS])
 INCOMING = "_incoming"
 DELETE_ROWS = 5_000
 

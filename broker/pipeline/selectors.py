@@ -1,34 +1,18 @@
 """The pipeline's reads for display: replay jobs and the copies they wrote,
-a job's preview, and the archive, read with pyarrow, which opens only the
-partitions and columns a search needs and answers in milliseconds, where a
-Spark session takes seconds to start.
+a job's preview, and what the archive's reads
+(``broker.pipeline.archive_reads``) return.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from broker.errors import ReplayJobNotFound
 from broker.models import Message, ReplayJob, ReplaySource
-from broker.pipeline.archive import (
-    DATASET_SCHEMA,
-    PARTITIONING,
-    archive_dir,
-    partition_value,
-    utc_day,
-)
-from broker.pipeline.selection import MessageSelection, ReplaySpec, replay_validate
+from broker.pipeline.selection import ReplaySpec, replay_validate
 from broker.pipeline.source import source_count
-
-MAX_RESULTS = 500
-
 
 # --- replay jobs -------------------------------------------------------------------
 
@@ -80,15 +64,16 @@ def replay_preview(spec: ReplaySpec) -> int:
     """How many messages the job's filter matches (before any rules)."""
     replay_validate(spec)
     if spec.source == ReplaySource.ARCHIVE:
+        from broker.pipeline.archive_reads import archive_count
+
         return archive_count(spec.filter)
     return source_count(spec)
 
 
-# --- the archive ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ArchivedMessage:
+    """A message the archive holds, as an archive search returns it."""
+
     id: int
     queue: str
     state: str
@@ -104,148 +89,3 @@ class ArchivedMessage:
     # A replayed copy's job and source message.
     replay_job_id: int | None = None
     replay_source_id: int | None = None
-
-
-def _dataset() -> ds.Dataset | None:
-    root = archive_dir()
-    if not root.is_dir():
-        return None
-    files = [
-        str(path)
-        for path in root.glob("queue=*/day=*/*.parquet")
-        if not path.name.startswith((".", "_"))
-    ]
-    if not files:
-        return None
-    return ds.dataset(
-        files,
-        schema=DATASET_SCHEMA,
-        format="parquet",
-        partitioning=PARTITIONING,
-        partition_base_dir=str(root),
-    )
-
-
-def _expression(
-    *, queues: tuple[str, ...], since: datetime | None, until: datetime | None
-) -> ds.Expression | None:
-    parts: list[ds.Expression] = []
-    if queues:
-        parts.append(ds.field("queue").isin(list(queues)))
-    if since is not None:
-        parts.append(ds.field("day") >= utc_day(since))
-        parts.append(ds.field("created_at") >= pa.scalar(since, pa.timestamp("us", tz="UTC")))
-    if until is not None:
-        parts.append(ds.field("day") <= utc_day(until))
-        parts.append(ds.field("created_at") < pa.scalar(until, pa.timestamp("us", tz="UTC")))
-    if not parts:
-        return None
-    expression = parts[0]
-    for part in parts[1:]:
-        expression = expression & part
-    return expression
-
-
-def _header(value: str | None, name: str) -> str | None:
-    try:
-        headers = json.loads(value or "{}")
-    except ValueError:
-        return None
-    found = headers.get(name) if isinstance(headers, dict) else None
-    return None if found is None else str(found)
-
-
-def _reason(value: str | None) -> str:
-    try:
-        header = json.loads(value or "null")
-    except ValueError:
-        return ""
-    return str(header.get("reason", "")) if isinstance(header, dict) else ""
-
-
-def _matches(table: pa.Table, window: MessageSelection) -> pa.Table:
-    """The rows of ``table`` that pass the filter's reason, header and
-    payload parts (queue and time are pushed down to the scan)."""
-    if window.payload_text:
-        needle = window.payload_text.encode()
-        keep = [needle in (payload or b"") for payload in table.column("payload").to_pylist()]
-        table = table.filter(pa.array(keep, pa.bool_()))
-    pair = window.header_pair
-    if pair is not None:
-        keep = [_header(value, pair[0]) == pair[1] for value in table.column("headers").to_pylist()]
-        table = table.filter(pa.array(keep, pa.bool_()))
-    if window.reason:
-        keep = [
-            _reason(value) == window.reason for value in table.column("dead_letter").to_pylist()
-        ]
-        table = table.filter(pa.array(keep, pa.bool_()))
-    return table
-
-
-def archive_count(window: MessageSelection) -> int:
-    """How many archived messages a replay filter matches: those archived
-    with their payload (a replay has nothing to write for the others)."""
-    dataset = _dataset()
-    if dataset is None:
-        return 0
-    expression = _expression(queues=window.queues, since=window.since, until=window.until)
-    expression = expression & ds.field("payload").is_valid()
-    if not (window.payload_text or window.header or window.reason):
-        return int(dataset.count_rows(filter=expression))
-    columns = ["payload", "headers", "dead_letter"]
-    total = 0
-    for batch in dataset.to_batches(columns=columns, filter=expression):
-        total += _matches(pa.Table.from_batches([batch]), window).num_rows
-    return total
-
-
-def archive_search(
-    *,
-    queue: str,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    before_id: int | None = None,
-    limit: int = 50,
-) -> list[ArchivedMessage]:
-    """Archived messages of ``queue`` published in [since, until), newest
-    (highest id) first, below ``before_id`` for the next page."""
-    dataset = _dataset()
-    if dataset is None:
-        return []
-    expression = _expression(queues=(queue,), since=since, until=until)
-    if before_id is not None:
-        below = ds.field("id") < before_id
-        expression = below if expression is None else expression & below
-    table = dataset.to_table(filter=expression)
-    if table.num_rows == 0:
-        return []
-    order = pc.sort_indices(table, sort_keys=[("id", "descending")])
-    table = table.take(order[: min(limit, MAX_RESULTS)])
-    return [_archived(row) for row in table.to_pylist()]
-
-
-def _archived(row: dict[str, Any]) -> ArchivedMessage:
-    return ArchivedMessage(
-        id=row["id"],
-        queue=row["queue"],
-        state=row["state"],
-        payload=row["payload"],
-        content_type=row["content_type"] or "",
-        headers=json.loads(row["headers"] or "{}"),
-        dead_letter=json.loads(row["dead_letter"]) if row["dead_letter"] else None,
-        put_application=row["put_application"] or "",
-        put_user=row["put_user"] or "",
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        replay_job_id=row["replay_job_id"],
-        replay_source_id=row["replay_source_id"],
-    )
-
-
-def archive_days(*, queue: str) -> list[date]:
-    """The days the archive holds messages of ``queue`` for, newest first."""
-    root = archive_dir() / f"queue={partition_value(queue)}"
-    if not root.is_dir():
-        return []
-    days = [date.fromisoformat(path.name.removeprefix("day=")) for path in root.glob("day=*")]
-    return sorted(days, reverse=True)

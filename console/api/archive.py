@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
-from broker.pipeline.selectors import ArchivedMessage, archive_search
+from broker.pipeline.selectors import ArchivedMessage
 from broker.services.transfer import payload_document
 from console.api.fields import BodySerializer, QuerySerializer, parsed
 from console.api.schema import ERROR
@@ -77,6 +77,9 @@ class ArchiveSearchView(APIView):
         "read from the Parquet archive (no database rows).",
     )
     def get(self, request: Request) -> Response:
+        # Imported here, not with the URLconf: see broker.pipeline.archive_reads.
+        from broker.pipeline.archive_reads import archive_search
+
         query = parsed(ArchiveQuerySerializer, request.query_params).validated_data
         size = query.pop("page_size")
         found = archive_search(**query, limit=size + 1)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from broker.models import ReplaySource
-from broker.pipeline.selectors import ArchivedMessage, archive_days, archive_search
+from broker.pipeline.selectors import ArchivedMessage
 from console.forms import DATETIME_LOCAL, ArchiveSearchForm
 from console.payloads import PayloadView, payload_view
 from console.roles import Role
@@ -47,6 +47,9 @@ def _day_query(queue: str, day: date) -> str:
 @require_GET
 @role_required(Role.VIEWER)
 def archive(request: HtmxHttpRequest) -> HttpResponse:
+    # Imported here, not with the URLconf: see broker.pipeline.archive_reads.
+    from broker.pipeline.archive_reads import archive_days, archive_search
+
     form = ArchiveSearchForm(request.GET)
     rows: list[ArchivedRow] = []
     next_before: int | None = None

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from broker.pipeline.archive import SCHEMA
+from broker.pipeline.archive_reads import SCHEMA
 
 # A day of publication for archived rows; tests add hours or days to it.
 DAY = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

@@ -10,7 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from broker.pipeline.selectors import MAX_RESULTS, ArchivedMessage, archive_search
+from broker.pipeline.archive_reads import MAX_RESULTS, archive_search
+from broker.pipeline.selectors import ArchivedMessage
 from workers import pipeline
 from workers.management.commands.replay import invalid_text, moment_option, table
 from workers.progress import Progress
