@@ -302,6 +302,7 @@ CELERY_TASK_ROUTES = {
     "lazaretto.sweep": {"queue": "control"},
     "lazaretto.dispatch": {"queue": "control"},
     "lazaretto.notify_alarms": {"queue": "control"},
+    "lazaretto.start_jobs": {"queue": "control"},
 }
 # Wake-ups are hints: a publish must never wait for Redis. ``max_retries``
 # 0: a send finding the connection gone tries to connect once, where kombu
@@ -316,6 +317,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 LAZARETTO_SWEEP_INTERVAL_SECONDS = env_float("LAZARETTO_SWEEP_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DISPATCH_INTERVAL_SECONDS = env_float("LAZARETTO_DISPATCH_INTERVAL_SECONDS", 1.0)
 LAZARETTO_DEAD_LETTER_SCAN_SECONDS = env_float("LAZARETTO_DEAD_LETTER_SCAN_SECONDS", 5.0)
+# How often the start of a queued bulk or replay job that Redis refused is
+# sent again; one sent but not yet started is sent again after
+# LAZARETTO_JOB_RESEND_SECONDS (Redis may have lost it in a restart, or it
+# waits behind a long job: a start that arrives twice runs the job once).
+LAZARETTO_JOB_START_INTERVAL_SECONDS = env_float("LAZARETTO_JOB_START_INTERVAL_SECONDS", 5.0)
+LAZARETTO_JOB_RESEND_SECONDS = env_float("LAZARETTO_JOB_RESEND_SECONDS", 600.0)
 # Where poison alarms (messages quarantined or purged automatically) are
 # posted as JSON, unless a queue names its own alarm webhook; blank: nowhere.
 LAZARETTO_ALARM_WEBHOOK_URL = env_str("LAZARETTO_ALARM_WEBHOOK_URL", "")
@@ -439,6 +446,12 @@ LAZARETTO_PRIMARY_DUTIES = {
         "task": "lazaretto.dead_letter_scan",
         "schedule": LAZARETTO_DEAD_LETTER_SCAN_SECONDS,
         "options": {"expires": 2 * LAZARETTO_DEAD_LETTER_SCAN_SECONDS},
+    },
+    # Queued bulk and replay jobs whose start Redis refused or lost.
+    "start-jobs": {
+        "task": "lazaretto.start_jobs",
+        "schedule": LAZARETTO_JOB_START_INTERVAL_SECONDS,
+        "options": {"expires": 2 * LAZARETTO_JOB_START_INTERVAL_SECONDS},
     },
     # The archive, once a day (python manage.py archive run does the same).
     "archive": {

@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import psycopg
 import pytest
 
 from broker.models import AuditEvent, BulkJob, Message
 from broker.selectors import MessageFilter
-from broker.services.bulk import bulk_job_run, bulk_job_submit, bulk_preview
+from broker.services.bulk import RUN_LOCK_CLASS, bulk_job_run, bulk_job_submit, bulk_preview
 from broker.services.queues import queue_create
-from rig.processes import wait_until
+from rig.processes import database_url_for_workers, wait_until
 from tests.support.console import logged_in
 from tests.support.messages import blacklisted
 
@@ -56,6 +57,25 @@ def test_a_rerun_takes_up_only_what_is_left(orders, operator):
 
     assert bulk_job_run(job_id=job.id).done == 10
     assert AuditEvent.objects.filter(action="message_release").count() == 10
+
+
+def test_a_start_that_arrives_while_another_process_runs_the_job_leaves_it_to_that_run(
+    orders, operator
+):
+    """Its start sent twice (broker.services.job_starts): the second run
+    finds the job's run lock held by the first, in another session, and
+    acts on nothing."""
+    ids = blacklisted("ORDERS.IN", 5)
+    job = bulk_job_submit(action="fail", actor=operator, filters=MessageFilter(queue="ORDERS.IN"))
+
+    with psycopg.connect(database_url_for_workers(), autocommit=True) as first_run:
+        first_run.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, job.id])
+        assert bulk_job_run(job_id=job.id).status == "queued"
+        assert Message.objects.filter(id__in=ids, state="NDLV").count() == 5
+
+    # That session gone, its lock went with it.
+    assert bulk_job_run(job_id=job.id).status == "done"
+    assert Message.objects.filter(id__in=ids, state="FAIL").count() == 5
 
 
 def test_the_console_previews_confirms_and_shows_progress(orders, operator):

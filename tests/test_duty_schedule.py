@@ -70,8 +70,8 @@ def test_a_broker_node_sends_each_duty_at_its_phase(monkeypatch):
 
 
 def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, settings):
-    """``celery beat`` with the settings' schedule: five duties every 1, 1,
-    2, 5 and 10 s, a fifth of a second apart."""
+    """``celery beat`` with the settings' schedule: six duties every 1, 1,
+    2, 5, 5 and 10 s, a sixth of a second apart."""
     assert app.conf.beat_scheduler == "workers.duties:PhasedScheduler"
     intervals = {
         name: entry["schedule"]
@@ -84,6 +84,7 @@ def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, setting
         "heartbeat": 10.0,
         "dead-letter-scan": 5.0,
         "notify-alarms": 2.0,
+        "start-jobs": 5.0,
     }
     sent = sends(
         monkeypatch,
@@ -93,12 +94,13 @@ def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, setting
 
     assert [name for name, _ in sent] == [
         "dead-letter-scan",  # at 0 s
-        "dispatch",  # 0.2 s
-        "heartbeat",  # 0.4 s
-        "notify-alarms",  # 0.6 s
-        "sweep",  # 0.8 s
-        "dispatch",  # 1.2 s
-        "sweep",  # 1.8 s
+        "dispatch",  # 1/6 s
+        "heartbeat",  # 2/6 s
+        "notify-alarms",  # 3/6 s
+        "start-jobs",  # 4/6 s
+        "sweep",  # 5/6 s
+        "dispatch",  # 7/6 s
+        "sweep",  # 11/6 s
     ]
     for (_, earlier), (_, later) in itertools.pairwise(sent):
-        assert later - earlier > 0.15, sent
+        assert later - earlier > 0.12, sent

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from celery import Task
@@ -23,7 +24,7 @@ from prometheus_client import Gauge
 from broker.errors import StaleEpoch
 from broker.ha.guard import primary_duty
 from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
-from broker.models import BulkJob, Queue, ReplayJob
+from broker.models import BulkJob, Queue, ReplayJob, ReplayJobStatus
 from broker.selectors import (
     messages_waiting,
     queues_with_active_rules,
@@ -35,6 +36,7 @@ from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.delivery import Courier, queue_announce, queue_courier, task_time_limit
 from broker.services.heartbeats import heartbeat
+from broker.services.job_starts import JobStart, job_start_sent, jobs_to_start
 from broker.services.live_statistics import live_statistics_refresh
 from broker.services.sweeper import messages_sweep
 from broker.services.transitions.expiry import messages_expire
@@ -372,21 +374,21 @@ def _dead_letter_scan_all() -> None:
             )
 
 
-def _start_after_commit(task: Any, job_id: int, what: str) -> None:
-    """Send ``task`` for the job once the transaction that made it commits."""
-
-    def send() -> None:
-        try:
-            task.apply_async((job_id,), retry=False)
-        except Exception as error:  # Redis down: the job stays queued; the console says so
-            logger.warning("could not start %s %s: %s", what, job_id, error)
-
-    transaction.on_commit(send, robust=True)
+def _send_start(start: JobStart) -> bool:
+    """Send the task that starts a job; whether Redis took it."""
+    task = bulk_job if start.kind == "bulk" else replay_job
+    try:
+        task.apply_async((start.job_id,), retry=False)
+    except Exception as error:  # Redis down: the start-jobs duty sends it again
+        logger.warning("could not start %s job %s: %s", start.kind, start.job_id, error)
+        return False
+    job_start_sent(kind=start.kind, job_id=start.job_id)
+    return True
 
 
 @receiver(bulk_job_submitted)
 def run_after_submit(sender: Any, job: BulkJob, **kwargs: Any) -> None:
-    _start_after_commit(bulk_job, job.id, "bulk job")
+    transaction.on_commit(partial(_send_start, JobStart("bulk", job.id)), robust=True)
 
 
 @app.task(name="lazaretto.bulk_job", acks_late=True, ignore_result=True)
@@ -397,14 +399,32 @@ def bulk_job(job_id: int) -> None:
 
 @receiver(replay_job_submitted)
 def launch_after_submit(sender: Any, job: ReplayJob, **kwargs: Any) -> None:
-    _start_after_commit(replay_job, job.id, "replay job")
+    transaction.on_commit(partial(_send_start, JobStart("replay", job.id)), robust=True)
 
 
 @app.task(name="lazaretto.replay_job", ignore_result=True)
 def replay_job(job_id: int) -> None:
     """Run a replay job's Spark driver to its end (on the pipeline queue)."""
+    if not ReplayJob.objects.filter(id=job_id, status=ReplayJobStatus.QUEUED).exists():
+        # Its start arrived twice (broker.services.job_starts), or a cancel came first.
+        logger.info("replay job %s is not queued: nothing to launch", job_id)
+        return
     job = replay_job_launch(job_id)
     logger.info("replay job %s %s: %s written", job.id, job.status, job.written)
+
+
+@app.task(name="lazaretto.start_jobs", ignore_result=True)
+def start_jobs(epoch: int | None = None) -> None:
+    """Send again the start of every queued job whose start Redis refused or
+    may have lost."""
+    _duty("start_jobs", epoch, _start_jobs)
+
+
+def _start_jobs() -> None:
+    resend_after = settings.LAZARETTO_JOB_RESEND_SECONDS
+    for start in jobs_to_start(resend_after_seconds=resend_after):
+        if _send_start(start):
+            logger.info("%s job %s: start sent again", start.kind, start.job_id)
 
 
 @app.task(name="lazaretto.archive", ignore_result=True)

@@ -220,10 +220,16 @@ class BulkJob(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # When its start (a Celery task) was last sent; null: not yet, or Redis
+    # refused it (broker.services.job_starts).
+    start_sent_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["id"], condition=Q(status="queued"), name="bulk_job_queued_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} job {self.id} ({self.status})"

@@ -77,6 +77,9 @@ class ReplayJob(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # When its start (a Celery task) was last sent; null: not yet, or Redis
+    # refused it (broker.services.job_starts).
+    start_sent_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     # The driver's last sign of life: a running job silent for long had its
     # driver killed and may be run again.
@@ -90,6 +93,9 @@ class ReplayJob(models.Model):
                 condition=Q(velocity__isnull=True) | Q(velocity__gte=1),
                 name="replay_job_velocity_positive",
             ),
+        ]
+        indexes = [
+            models.Index(fields=["id"], condition=Q(status="queued"), name="replay_job_queued_idx"),
         ]
 
     def __str__(self) -> str:

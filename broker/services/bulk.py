@@ -4,11 +4,13 @@ selection or a filter, in the background, with progress."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -23,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 CHUNK = 500
 MAX_SELECTED = 10_000
+# With a job's id, the key of the advisory lock its run holds (the two-key
+# form, as broker.services.delivery's: no other lock's key can equal it).
+RUN_LOCK_CLASS = 0x4C5D
 
 
 def _matching(filters: dict[str, Any]) -> QuerySet[Message]:
@@ -89,11 +94,35 @@ def bulk_job_submit(
     return job
 
 
+@contextmanager
+def _run_lock(job_id: int) -> Iterator[bool]:
+    """Whether this process holds the job's run lock (a session lock, so a
+    run that dies with its process leaves it free)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, job_id])
+        (locked,) = cursor.fetchone()
+    try:
+        yield bool(locked)
+    finally:
+        # A lost connection has let the lock go with it.
+        if locked and connection.is_usable():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_CLASS, job_id])
+
+
 def bulk_job_run(*, job_id: int) -> BulkJob:
     """Work through a job in chunks of CHUNK messages, one transaction each,
     counting progress. Safe to run again: it takes up what is still
-    blacklisted."""
-    job = BulkJob.objects.get(id=job_id)
+    blacklisted. A run that finds another one under way (its start sent
+    twice, see broker.services.job_starts) leaves the job to it."""
+    with _run_lock(job_id) as alone:
+        if not alone:
+            logger.info("bulk job %s: already running in another process", job_id)
+            return BulkJob.objects.get(id=job_id)
+        return _run(BulkJob.objects.get(id=job_id))
+
+
+def _run(job: BulkJob) -> BulkJob:
     if job.status == BulkJobStatus.DONE:
         return job
     BulkJob.objects.filter(id=job.id).update(status=BulkJobStatus.RUNNING)
