@@ -1,7 +1,7 @@
 """Lazaretto as bench/peers.py runs it (in .venv, in the bench's process):
 its queue made with a ``delivered_retention`` mode, the clock of its Celery
-processes draining it, the check of what each mode kept, and its
-publish-to-acknowledgement latency at a light load.
+processes draining it, the check of what each mode kept, and the
+publisher of its latency runs (``publish``, a process of its own).
 
 The clock stops when the queue's ``delivered`` counter reaches N: the
 acknowledgement counts what it acknowledges in its own statement, in every
@@ -11,8 +11,9 @@ mode, where the DLVD depth counts only the rows kept (none in mode
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -20,7 +21,7 @@ import psycopg
 from bench import _celery
 from bench._harness import BenchError, delivered, depths, log
 from bench._loaders import PUT_APPLICATION, PUT_USER
-from bench._peer_worker import publish_times
+from bench._peer_worker import Arrivals, Commands, payload, run_command
 
 if TYPE_CHECKING:
     from broker.models import Queue
@@ -32,13 +33,21 @@ RETENTIONS = {
     "lazaretto-headers": "headers",
     "lazaretto-none": "none",
 }
-# Each delivered message's publish (the publish transaction's now()) and its
-# time to the acknowledgement (the ack statement's now(), which it writes as
-# updated_at): what the acknowledgement returns and /metrics observes.
-LATENCY_SQL = """
-SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at - created_at)::float8
-FROM broker_message WHERE queue_id = %s AND state = 'DLVD' ORDER BY id
+# Each acknowledged message's acknowledgement (the ack statement's now(),
+# which it writes as updated_at: the queue keeps its delivered messages) and
+# its publish (the publish transaction's now(), created_at).
+ACKED_SQL = """
+SELECT id, extract(epoch FROM updated_at)::float8, extract(epoch FROM created_at)::float8
+FROM broker_message WHERE id = ANY(%s::bigint[]) AND state = 'DLVD'
 """
+# How often a publisher counts its acknowledged messages (a count over a
+# backlog's ids is not free, and the database serves the deliveries too).
+ACK_POLL_SECONDS = 1.0
+COUNT_ACKED_SQL = (
+    "SELECT count(*) FROM broker_message WHERE id = ANY(%s::bigint[]) AND state = 'DLVD'"
+)
+# The queue the latency is measured on (mode full, the default batch size).
+LATENCY_QUEUE = "BENCH.PEERS.LATENCY"
 
 
 def make_queue(name: str, *, batch: int, retention: str, size: int, paused: bool) -> Queue:
@@ -128,39 +137,55 @@ def verify_kept(conn: psycopg.Connection[Any], queue_id: int, count: int, retent
     )
 
 
-def publish_paced(queue_name: str, payload: bytes, rate: float, seconds: float) -> int:
-    """One message a call to the publish service, at ``rate`` a second for
-    ``seconds``; returns how many."""
+def publish(url: str, rate: float, seconds: float, size: int, seed: int) -> None:
+    """``python -m bench._peer_lazaretto publish``: publish to LATENCY_QUEUE
+    with the publish service as the messages arrive (``Arrivals``), those
+    due together in one call; then wait for their acknowledgements (at most
+    as long as the arrivals lasted) and report each one's time from its
+    arrival to its acknowledgement (the ack statement's now(), which it
+    writes as updated_at). Runs in .venv with DATABASE_URL naming the
+    bench's database."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    django.setup()
     from broker.services.publish import messages_publish
 
-    message = _celery.new_message(payload)
-    times = publish_times(rate, seconds)
-    for due in times:
-        time.sleep(max(0.0, due - time.monotonic()))
-        messages_publish(
-            queue_name=queue_name,
-            messages=[message],
+    message = _celery.new_message(payload(size).encode())
+    arrivals = Arrivals(rate, seconds, seed)
+    while arrivals.pending:
+        wait = arrivals.wait()
+        if wait > 0:
+            time.sleep(wait)
+            continue
+        due = arrivals.due()
+        ids = messages_publish(
+            queue_name=LATENCY_QUEUE,
+            messages=[message] * len(due),
             put_user=PUT_USER,
             put_application=PUT_APPLICATION,
         )
-    return len(times)
+        arrivals.published(ids, due)
+    ids = list(arrivals.arrived)
+    with psycopg.connect(url, autocommit=True) as conn:
+        wait_for_all(
+            lambda: int(conn.execute(COUNT_ACKED_SQL, [ids]).fetchone()[0]),  # type: ignore[index]
+            len(ids),
+            until=arrivals.wait_until,
+        )
+        rows = conn.execute(ACKED_SQL, [ids]).fetchall()
+    arrivals.report({row[0]: row[1] for row in rows}, {row[0]: row[2] for row in rows})
 
 
-def latencies(
-    conn: psycopg.Connection[Any], queue: Queue, workers: Workers, count: int
-) -> list[tuple[float, float]]:
-    """(publish epoch, seconds to the acknowledgement) of each of the
-    queue's ``count`` messages, once all are acknowledged."""
-    deadline = time.monotonic() + _celery.STALL_TIMEOUT_SECONDS
-    while delivered(conn, queue.id) < count:
-        if time.monotonic() > deadline:
-            raise BenchError(
-                f"lazaretto latency: {delivered(conn, queue.id)} of {count} delivered after "
-                f"{_celery.STALL_TIMEOUT_SECONDS:.0f}s"
-            )
-        _celery.check_tasks(workers)
-        time.sleep(_celery.POLL_SECONDS)
-    rows: Sequence[tuple[float, float]] = conn.execute(LATENCY_SQL, [queue.id]).fetchall()
-    if len(rows) != count:
-        raise BenchError(f"lazaretto latency: {len(rows)} DLVD rows for {count} messages")
-    return [(float(at), float(seconds)) for at, seconds in rows]
+def wait_for_all(count: Callable[[], int], total: int, *, until: float) -> None:
+    """Wait until ``count()`` reaches ``total``, or time.monotonic() ``until``."""
+    while count() < total and time.monotonic() < until:
+        time.sleep(ACK_POLL_SECONDS)
+
+
+def main() -> None:
+    run_command(__doc__, Commands(publish=publish))
+
+
+if __name__ == "__main__":
+    main()

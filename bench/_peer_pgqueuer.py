@@ -12,20 +12,18 @@ table, a row without the payload written to its log table) in flushes of up
 to B. The repository's ``dequeue`` and ``log_jobs`` are wrapped to count
 what each dequeue returned and to time the last flush.
 
-For the latency at a light load, ``listen`` runs a QueueManager with the
-same no-op entrypoint in its continuous mode (it waits for jobs on
-PgQueuer's LISTEN/NOTIFY channel) until it is killed, and ``publish``
-enqueues one job at a time at a rate with PgQueuer's own ``enqueue``, then
-reports each job's time from its ``created`` (the enqueue's ``now()``) to
-its log row's ``created`` (the ``now()`` of the statement that logged it
-done): the database's clock at both ends, as Lazaretto's acknowledgement
-measures its own.
+For the latency, ``listen`` runs a QueueManager with the same no-op
+entrypoint in its continuous mode (it waits for jobs on PgQueuer's
+LISTEN/NOTIFY channel) until it is killed, and ``publish`` enqueues jobs as
+they arrive at a rate with PgQueuer's own ``enqueue`` (those due together in
+one call), then reports each job's time from its arrival to its log row's
+``created`` (the ``now()`` of the statement that logged it done), as
+Lazaretto's is measured to its acknowledgement.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,20 +38,25 @@ from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
 
 from bench._peer_worker import (
     QUEUE,
-    REPORT,
+    Arrivals,
     Commands,
     Tally,
     chunks,
     payload,
-    publish_times,
     run_command,
     wait_for_go,
 )
 
 PRELOAD_BATCH = 1000
-# How long ``publish`` waits for its last jobs to be logged done.
-SETTLE_TIMEOUT_SECONDS = 60.0
-CREATED_SQL = "SELECT extract(epoch FROM created)::float8 FROM pgqueuer WHERE id = $1"
+# ``publish`` counts its jobs logged done this often (a count over a backlog's
+# ids is not free).
+POLL_SECONDS = 1.0
+CREATED_SQL = """
+SELECT id, extract(epoch FROM created)::float8 AS at FROM pgqueuer WHERE id = ANY($1::bigint[])
+"""
+COUNT_LOGGED_SQL = """
+SELECT count(*) FROM pgqueuer_log WHERE job_id = ANY($1::bigint[]) AND status = 'successful'
+"""
 LOGGED_SQL = """
 SELECT job_id, extract(epoch FROM created)::float8 AS at FROM pgqueuer_log
 WHERE job_id = ANY($1::bigint[]) AND status = 'successful'
@@ -127,35 +130,40 @@ async def listen(url: str, batch: int) -> None:
         await manager.run(batch_size=batch, mode=QueueExecutionMode.continuous)
 
 
-async def publish(url: str, rate: float, seconds: float, size: int) -> None:
-    """Enqueue a job at each of ``publish_times(rate, seconds)``, each in a
-    transaction that also reads its ``created``; then wait for every one to
-    be logged done and report ``[created, seconds to its log row]`` of each."""
+async def publish(url: str, rate: float, seconds: float, size: int, seed: int) -> None:
+    """Enqueue the jobs as they arrive (``Arrivals``), those due together in
+    one ``enqueue``; then wait for every one to be logged done and report
+    each one's time from its arrival to its log row."""
     body = payload(size).encode()
-    created: dict[int, float] = {}
+    arrivals = Arrivals(rate, seconds, seed)
+    # Each job's enqueue, on the database's clock (read before it commits).
+    stored: dict[int, float] = {}
     async with connected(url) as conn:
         queries = Queries(AsyncpgDriver(conn))
-        for due in publish_times(rate, seconds):
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        while arrivals.pending:
+            wait = arrivals.wait()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            due = arrivals.due()
             async with conn.transaction():
-                (job_id,) = await queries.enqueue(QUEUE, body, 0)
-                created[int(job_id)] = float(await conn.fetchval(CREATED_SQL, job_id))
-        logged = await wait_logged(conn, list(created))
-    latencies = [[created[job], logged[job] - created[job]] for job in sorted(created)]
-    print(REPORT + json.dumps({"latencies": latencies}), flush=True)
+                ids = await queries.enqueue([QUEUE] * len(due), [body] * len(due), [0] * len(due))
+                for row in await conn.fetch(CREATED_SQL, ids):
+                    stored[int(row["id"])] = float(row["at"])
+            arrivals.published([int(job_id) for job_id in ids], due)
+        logged = await wait_logged(conn, list(arrivals.arrived), arrivals.wait_until)
+    arrivals.report(logged, stored)
 
 
-async def wait_logged(conn: Any, ids: list[int]) -> dict[int, float]:
-    """Each job's log row ``created``, once every one of ``ids`` has one."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_SECONDS
-    while True:
-        rows = await conn.fetch(LOGGED_SQL, ids)
-        logged = {int(row["job_id"]): float(row["at"]) for row in rows}
-        if len(logged) == len(ids):
-            return logged
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{len(ids) - len(logged)} of {len(ids)} jobs never logged done")
-        await asyncio.sleep(0.1)
+async def wait_logged(conn: Any, ids: list[int], until: float) -> dict[int, float]:
+    """Each job's log row ``created``, once every one of ``ids`` has one
+    (counted every POLL_SECONDS) or time.monotonic() is ``until``."""
+    while int(await conn.fetchval(COUNT_LOGGED_SQL, ids)) < len(ids):
+        if time.monotonic() >= until:
+            break
+        await asyncio.sleep(POLL_SECONDS)
+    rows = await conn.fetch(LOGGED_SQL, ids)
+    return {int(row["job_id"]): float(row["at"]) for row in rows}
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ neither Django nor the project's packages. The protocol with the bench:
 - it prints one line ``report {json}`` on stdout and exits 0.
 
 A peer whose latency the bench measures also has ``listen`` (consume as
-messages come, until killed) and ``publish`` (one message at a time at a
-rate, then a report of each one's publish-to-acknowledgement time).
+messages come, until killed) and ``publish`` (messages arriving at a rate,
+each published when it arrives, then a report of each one's time from its
+arrival to its acknowledgement: ``Arrivals``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ import os
 import random
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 READY = "ready"
@@ -36,18 +36,6 @@ REPORT = "report "
 QUEUE = "bench"
 # The seed of a paced publish's arrivals (publish_times).
 ARRIVALS_SEED = 20
-
-
-def peak_rss_kb(pid: int | str = "self") -> int:
-    """The process's peak resident set size (VmHWM), in kB; 0 once it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
 
 
 def wait_for_go() -> None:
@@ -94,7 +82,6 @@ class Tally:
                     "acked": self.acked,
                     "first_fetch": self.first_fetch,
                     "last_ack": self.last_ack,
-                    "peak_rss_kb": peak_rss_kb(),
                     **extra,
                 }
             ),
@@ -119,11 +106,12 @@ def arguments(description: str | None, argv: list[str] | None = None) -> argpars
     listen = commands.add_parser("listen", help="consume as messages come, until killed")
     listen.add_argument("--url", required=True)
     listen.add_argument("--batch", type=int, default=1)
-    publish = commands.add_parser("publish", help="publish one at a time, then report latencies")
+    publish = commands.add_parser("publish", help="publish as they arrive, report latencies")
     publish.add_argument("--url", required=True)
     publish.add_argument("--rate", type=float, required=True)
     publish.add_argument("--seconds", type=float, required=True)
     publish.add_argument("--size", type=int, required=True)
+    publish.add_argument("--seed", type=int, default=0, help="which publisher of several")
     return parser.parse_args(argv)
 
 
@@ -131,12 +119,14 @@ def arguments(description: str | None, argv: list[str] | None = None) -> argpars
 class Commands:
     """A peer module's commands: ``prepare(url, messages, size)``,
     ``work(url, batch, mode)``, and for a peer whose latency is measured
-    ``listen(url, batch)`` and ``publish(url, rate, seconds, size)``."""
+    ``listen(url, batch)`` and ``publish(url, rate, seconds, size, seed)``
+    (Lazaretto's module has only ``publish``: the bench drives the rest in
+    its own process)."""
 
-    prepare: Callable[[str, int, int], object]
-    work: Callable[[str, int, str], object]
+    prepare: Callable[[str, int, int], object] | None = None
+    work: Callable[[str, int, str], object] | None = None
     listen: Callable[[str, int], object] | None = None
-    publish: Callable[[str, float, float, int], object] | None = None
+    publish: Callable[[str, float, float, int, int], object] | None = None
 
 
 def run_command(doc: str | None, commands: Commands) -> None:
@@ -144,36 +134,93 @@ def run_command(doc: str | None, commands: Commands) -> None:
     docstring's first line as its description; a coroutine a command
     returns is run with asyncio."""
     args = arguments(doc.splitlines()[0] if doc else None)
-    if args.command == "prepare":
+    if args.command == "prepare" and commands.prepare is not None:
         result = commands.prepare(args.url, args.messages, args.size)
-    elif args.command == "work":
+    elif args.command == "work" and commands.work is not None:
         result = commands.work(args.url, args.batch, args.mode)
     elif args.command == "listen" and commands.listen is not None:
         result = commands.listen(args.url, args.batch)
     elif args.command == "publish" and commands.publish is not None:
-        result = commands.publish(args.url, args.rate, args.seconds, args.size)
+        result = commands.publish(args.url, args.rate, args.seconds, args.size, args.seed)
     else:
         raise SystemExit(f"this peer has no {args.command} command")
     if isinstance(result, Coroutine):
         asyncio.run(result)
 
 
-def publish_times(rate: float, seconds: float) -> list[float]:
+def publish_times(rate: float, seconds: float, seed: int = 0) -> list[float]:
     """When each message of a paced publish is due (time.monotonic()): about
     ``rate`` a second for ``seconds`` from now, at the arrivals of a Poisson
-    process (exponential gaps drawn from ARRIVALS_SEED, the same for every
-    system). Messages evenly spaced would fall at the same points of every
-    second, so a broker's once-a-second work would meet the same message
-    every second, or never, as the two clocks happen to line up. Each
-    message is sent on its time, not after the previous one's work, so a
-    slow publish delays only itself."""
-    arrivals = random.Random(ARRIVALS_SEED)
+    process (exponential gaps drawn from ARRIVALS_SEED + ``seed``, the same
+    for every system; publishers with different seeds together make a
+    Poisson process of their summed rate). Messages evenly spaced would fall
+    at the same points of every second, so a broker's once-a-second work
+    would meet the same message every second, or never, as the two clocks
+    happen to line up."""
+    arrivals = random.Random(ARRIVALS_SEED + seed)
     due = time.monotonic()
     times = []
     for _ in range(max(1, round(rate * seconds))):
         times.append(due)
         due += arrivals.expovariate(rate)
     return times
+
+
+class Arrivals:
+    """A paced publish: ``due()`` waits for the next arrival and returns
+    every arrival due by then, to be published in one call (one message a
+    call at a light load; at a heavy one, what arrived while the last call
+    ran). Each message's latency runs from its arrival, so a publisher that
+    falls behind counts against the system it publishes to."""
+
+    def __init__(self, rate: float, seconds: float, seed: int) -> None:
+        self.pending = deque(publish_times(rate, seconds, seed))
+        # time.monotonic() + this: the epoch, as the database's clock reads it.
+        self.offset = time.time() - time.monotonic()
+        self.arrived: dict[int, float] = {}
+        self.calls = 0
+        self.worst_lag = 0.0
+        # When the publisher stops waiting for acknowledgements (monotonic):
+        # as long after the last arrival as the arrivals lasted. A system
+        # past its capacity would take as long as its backlog needs.
+        self.wait_until = self.pending[-1] + seconds
+
+    def wait(self) -> float:
+        """Seconds until the next arrival (0 or less: due)."""
+        return self.pending[0] - time.monotonic()
+
+    def due(self) -> list[float]:
+        now = time.monotonic()
+        due = []
+        while self.pending and self.pending[0] <= now:
+            due.append(self.pending.popleft())
+        self.worst_lag = max(self.worst_lag, now - due[0])
+        self.calls += 1
+        return due
+
+    def published(self, ids: Sequence[int], due: Sequence[float]) -> None:
+        """The ids the call gave the messages due at ``due``."""
+        if len(ids) != len(due):
+            raise SystemExit(f"published {len(due)} messages, got {len(ids)} ids")
+        for message_id, at in zip(ids, due, strict=True):
+            self.arrived[int(message_id)] = at + self.offset
+
+    def report(self, acked: dict[int, float], stored: dict[int, float]) -> None:
+        """Print each message's [arrival epoch, seconds from its arrival to
+        ``acked``, seconds from ``stored`` (its publish's commit, on the
+        database's clock) to ``acked``]: the whole latency, and the part
+        spent in the system; null for one not in ``acked``."""
+        latencies: list[list[float | None]] = [
+            [at, acked[job] - at, acked[job] - stored[job]] if job in acked else [at, None, None]
+            for job, at in sorted(self.arrived.items())
+        ]
+        print(
+            REPORT
+            + json.dumps(
+                {"latencies": latencies, "calls": self.calls, "worst_lag_s": self.worst_lag}
+            ),
+            flush=True,
+        )
 
 
 def payload(size: int) -> str:

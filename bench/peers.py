@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +52,7 @@ from bench._peer_report import (
     summary_rows,
     targets_summary,
 )
-from bench._peer_worker import GO, READY, REPORT, peak_rss_kb
+from bench._peer_worker import GO, READY, REPORT
 from bench._venv import VenvError, venv_python
 
 if TYPE_CHECKING:
@@ -70,12 +73,19 @@ DEFAULT_BATCH1_MESSAGES = 20_000
 DEFAULT_PROCRASTINATE_MESSAGES = 15_000
 DEFAULT_CELERY_REDIS_MESSAGES = 20_000
 DEFAULT_SAMPLES = 5
-# Latency at a light load: messages a second, one a publish, for how long
-# (about 1,160 messages counted: the p99 reads the 12th slowest); what is
-# published in the first seconds (connections, caches) is left out.
+# Latency: messages arriving a second (Poisson arrivals), for how long at
+# each rate (at 20/s, about 1,160 messages counted: the p99 reads the 12th
+# slowest), and a last point at this share of each system's own drain rate;
+# what arrives in the first seconds (connections, caches) is left out.
 DEFAULT_LATENCY_SECONDS = 60.0
-DEFAULT_LATENCY_RATE = 20.0
+DEFAULT_LATENCY_RATES = (20.0, 1000.0, 5000.0)
+DEFAULT_CAPACITY_SHARE = 0.7
 LATENCY_WARMUP_SECONDS = 2.0
+# One publisher process per this many messages a second, at most
+# MAX_PUBLISHERS: each publishes what has arrived in one call, so at 5,000/s
+# four publishers make calls of a few messages each.
+PUBLISHER_RATE = 500.0
+MAX_PUBLISHERS = 4
 # PgQueuer logs finished jobs in flushes of batch_size jobs, or after 0.1 s:
 # at batch_size 1 a lone job is logged at once, its best latency.
 PGQUEUER_LATENCY_BATCH = 1
@@ -96,6 +106,8 @@ READY_TIMEOUT_SECONDS = 120.0
 # A run fails when the database sees no write for this long.
 STALL_TIMEOUT_SECONDS = 60.0
 WAIT_POLL_SECONDS = 0.2
+# How often the processes' PSS is summed for its peak.
+PSS_SAMPLE_SECONDS = 0.25
 PROGRESS_POLL_SECONDS = 1.0
 # Celery alone: the clock polls Redis as bench.deliver polls the depth counters.
 START_POLL_SECONDS = 0.01
@@ -142,7 +154,8 @@ class Options:
     procrastinate_messages: int
     celery_redis_messages: int
     latency_seconds: float
-    latency_rate: float
+    latency_rates: tuple[float, ...]
+    latency_capacity_share: float
     pgbench_seconds: int
     # Write var/bench/peers-<UTC>.json and peers-latest.json.
     keep: bool = True
@@ -225,6 +238,22 @@ def system_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def rate_list(text: str) -> tuple[float, ...]:
+    """``20,1000`` as (20.0, 1000.0), each more than 0, repeats dropped."""
+    rates = [harness.positive_float(part) for part in text.split(",") if part.strip()]
+    if not rates:
+        raise argparse.ArgumentTypeError("give at least one rate")
+    return tuple(dict.fromkeys(rates))
+
+
+def share(text: str) -> float:
+    """A share from 0 (none) to 1."""
+    value = not_negative(float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or less, not {text}")
+    return float(value)
+
+
 def not_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     """``kind``'s values from 0 up (0: skip that part)."""
 
@@ -275,10 +304,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             DEFAULT_LATENCY_SECONDS,
             f"light-load latency run of each system (default {DEFAULT_LATENCY_SECONDS:g}; 0: none)",
         ),
-        latency_rate=(
-            harness.positive_float,
-            DEFAULT_LATENCY_RATE,
-            f"messages a second in the latency run (default {DEFAULT_LATENCY_RATE:g})",
+        latency_rates=(
+            rate_list,
+            DEFAULT_LATENCY_RATES,
+            "messages a second at each latency point, comma list "
+            f"(default {','.join(f'{rate:g}' for rate in DEFAULT_LATENCY_RATES)})",
+        ),
+        latency_capacity_share=(
+            share,
+            DEFAULT_CAPACITY_SHARE,
+            "and a point at this share of each system's own drain rate in the run "
+            f"(default {DEFAULT_CAPACITY_SHARE:g}; 0: none)",
         ),
         pgbench_seconds=(
             not_negative(int),
@@ -499,9 +535,45 @@ def process_tree(pid: int) -> list[int]:
     return pids
 
 
-def tree_peak_rss_kb(pid: int) -> int:
-    """Sum of the peak RSS of ``pid`` and every process under it."""
-    return sum(peak_rss_kb(each) for each in process_tree(pid))
+def pss_kb(pid: int) -> int:
+    """The process's proportional set size now, in kB (0 once it is gone):
+    each shared page counted once across the processes that share it, where
+    RSS counts a forked worker's pages once in each process."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in rollup.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+class PeakPss:
+    """The highest summed PSS of some processes and every process under
+    them, sampled every PSS_SAMPLE_SECONDS in a thread while the block runs
+    (no counter keeps a peak PSS, as VmHWM does RSS)."""
+
+    def __init__(self, roots: Sequence[int]) -> None:
+        self.roots = roots
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-pss", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            tree = {each for root in self.roots for each in process_tree(root)}
+            self.peak_kb = max(self.peak_kb, sum(pss_kb(pid) for pid in tree))
+            if self._stop.wait(PSS_SAMPLE_SECONDS):
+                return
+
+    def __enter__(self) -> PeakPss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @dataclass
@@ -623,8 +695,8 @@ class Drained:
 
     # From the first fetch of any worker to the last acknowledgement of any.
     seconds: float
-    # Their summed peak RSS.
-    peak_rss_kb: int
+    # Their summed PSS at its highest.
+    peak_pss_kb: int
     # How many fetches returned each size.
     fetches: Counter[int]
     acked: int
@@ -642,7 +714,10 @@ def drain_with_workers(
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
     ):
         wait_ready(name, workers)
-        with database_work(conn) as database:
+        with (
+            database_work(conn) as database,
+            PeakPss([worker.process.pid for worker in workers]) as memory,
+        ):
             release(workers)
             reports = wait_done(ctx, name, workers)
     first = [report["first_fetch"] for report in reports if report["first_fetch"] is not None]
@@ -653,8 +728,7 @@ def drain_with_workers(
     for report in reports:
         fetches.update({int(size): count for size, count in report["fetches"].items()})
     acked = sum(int(report["acked"]) for report in reports)
-    rss = sum(int(report["peak_rss_kb"]) for report in reports)
-    return Drained(max(last) - min(first), rss, fetches, acked, database)
+    return Drained(max(last) - min(first), memory.peak_kb, fetches, acked, database)
 
 
 def check_batches(
@@ -687,7 +761,7 @@ def check_batches(
 @dataclass(frozen=True)
 class Measured:
     seconds: float
-    peak_rss_kb: int
+    peak_pss_kb: int
     check: BatchCheck | None = None
     database: DatabaseWork | None = None
 
@@ -719,13 +793,16 @@ def run_lazaretto(ctx: Context, batch: int | None, count: int, *, system: str) -
         psycopg.connect(ctx.bench_url, autocommit=True) as conn,
         _celery.celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
-        with database_work(conn) as database:
-            seconds = lazaretto.drain_paused_queue(conn, workers, queue, count)
-        peaks = {name: tree_peak_rss_kb(process.pid) for name, process in workers.processes.items()}
+        trees = {name: PeakPss([process.pid]) for name, process in workers.processes.items()}
+        with ExitStack() as sampling:
+            for tree in trees.values():
+                sampling.enter_context(tree)
+            with database_work(conn) as database:
+                seconds = lazaretto.drain_paused_queue(conn, workers, queue, count)
         lazaretto.verify_kept(conn, queue.id, count, retention)
-    shown = ", ".join(f"{name} {kb / 1024:.0f}" for name, kb in peaks.items())
-    harness.log(f"{where}: peak RSS MB of each process tree: {shown}")
-    return Measured(seconds, sum(peaks.values()), database=database)
+    shown = ", ".join(f"{name} {tree.peak_kb / 1024:.0f}" for name, tree in trees.items())
+    harness.log(f"{where}: peak PSS MB of each process tree: {shown}")
+    return Measured(seconds, sum(tree.peak_kb for tree in trees.values()), database=database)
 
 
 def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
@@ -750,7 +827,7 @@ def run_bare(ctx: Context, batch: int | None, count: int) -> Measured:
         )
     _celery.verify_delivered(queue, count, f"bare {batch}")
     check = check_batches("bare", batch, batch, count, drained.fetches)
-    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
+    return Measured(drained.seconds, drained.peak_pss_kb, check, drained.database)
 
 
 def prepare_peer(ctx: Context, module: str, count: int) -> None:
@@ -835,7 +912,7 @@ def run_peer(ctx: Context, batch: int | None, count: int, *, system: str) -> Mea
         )
     harness.log(f"{where}: {count} messages in {drained.seconds:.2f}s, none left, {kept} kept")
     check = check_batches(system, batch, peer.fetch_size or batch or 1, count, drained.fetches)
-    return Measured(drained.seconds, drained.peak_rss_kb, check, drained.database)
+    return Measured(drained.seconds, drained.peak_pss_kb, check, drained.database)
 
 
 def redis_queued(client: Any, queue: str) -> int:
@@ -897,9 +974,9 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
         try:
             wait_celery_ready(app, node, worker)
             app.control.add_consumer(QUEUE, destination=[node])
-            seconds = time_celery_drain(client, count, worker)
+            with PeakPss([process.pid]) as memory:
+                seconds = time_celery_drain(client, count, worker)
             stats: dict[str, Any] = app.control.inspect(destination=[node], timeout=5).stats() or {}
-            rss = tree_peak_rss_kb(process.pid)
         finally:
             stop(process)
     finally:
@@ -908,7 +985,7 @@ def run_celery_redis(ctx: Context, batch: int | None, count: int) -> Measured:
     if executed != count:
         raise harness.BenchError(f"celery-redis: the worker ran {executed} tasks, not {count}")
     harness.log(f"celery-redis: {count} tasks in {seconds:.2f}s, each run once")
-    return Measured(seconds, rss)
+    return Measured(seconds, memory.peak_kb)
 
 
 def time_celery_drain(client: Any, count: int, worker: Worker) -> float:
@@ -947,92 +1024,223 @@ RUNNERS: dict[str, Callable[[Context, int | None, int], Measured]] = {
 }
 
 
-# --- latency at a light load ------------------------------------------------------------
+# --- latency at each rate ------------------------------------------------------------------
 
 
-def lazaretto_latency(ctx: Context) -> list[tuple[float, float]]:
-    """Messages published one a call to the publish service at the rate
-    asked, to a queue (mode full, the default batch size) that the Celery
-    processes deliver as they come: each one's seconds from its publish to
-    its acknowledgement, as the acknowledgement measures it."""
+@dataclass(frozen=True)
+class LatencyPoint:
+    """A rate the latency is measured at: one of --latency-rates, or a share
+    of the system's own drain rate in this run (``basis`` says which)."""
+
+    rate: float
+    basis: str = "fixed rate"
+
+    @property
+    def publishers(self) -> int:
+        return max(1, min(MAX_PUBLISHERS, math.ceil(self.rate / PUBLISHER_RATE)))
+
+
+# Each latency system's drain figure: its system and the batch of its latency run.
+CAPACITY_OF = {
+    "lazaretto": ("lazaretto-full", LAZARETTO_LATENCY_BATCH),
+    "pgqueuer": ("pgqueuer", PGQUEUER_LATENCY_BATCH),
+}
+
+
+def latency_points(options: Options, name: str, results: Sequence[Result]) -> list[LatencyPoint]:
+    """The fixed rates, then the share of the system's drain rate measured
+    in this run at the batch nearest its latency run's (none if it did not
+    drain)."""
+    points = [LatencyPoint(rate) for rate in options.latency_rates]
+    system, batch = CAPACITY_OF[name]
+    drains = [figure for figure in sampled(results) if figure.system == system]
+    if options.latency_capacity_share and drains:
+        drain = min(drains, key=lambda figure: abs((figure.batch or 1) - batch))
+        share = options.latency_capacity_share
+        basis = f"{share:.0%} of {system} batch {drain.batch}'s {drain.rate:,.0f} msgs/s"
+        points.append(LatencyPoint(round(share * drain.rate), basis))
+    return points
+
+
+def tree_cpu_seconds(roots: Sequence[int]) -> float:
+    """CPU time so far of ``roots`` and every process under them, with the
+    children they have reaped."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in {each for root in roots for each in process_tree(root)}:
+        if (stat := proc_stat(pid)) is not None:
+            total += sum(int(field) for field in stat[11:15])
+    return total / ticks
+
+
+def reaped_cpu_seconds() -> float:
+    """CPU time of this process's children that have exited and been reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextmanager
+def cores_used(ctx: Context, consumers: Sequence[int]) -> Iterator[dict[str, float | None]]:
+    """Cores each side used on average over the block: the publishers (this
+    process's children reaped in it), the consumers (``consumers``' trees)
+    and the database server (``server_cpu_seconds``)."""
+    cores: dict[str, float | None] = {}
+    with psycopg.connect(ctx.bench_url, autocommit=True) as conn:
+        started = time.monotonic()
+        before = reaped_cpu_seconds(), tree_cpu_seconds(consumers), server_cpu_seconds(conn)
+        yield cores
+        seconds = time.monotonic() - started
+        after = reaped_cpu_seconds(), tree_cpu_seconds(consumers), server_cpu_seconds(conn)
+    for side, was, now in zip(("publishers", "consumers", "database"), before, after, strict=True):
+        cores[side] = None if was is None or now is None else round((now - was) / seconds, 2)
+
+
+def run_publishers(
+    ctx: Context, name: str, command: list[str], env: dict[str, str], point: LatencyPoint
+) -> list[dict[str, Any]]:
+    """``point.publishers`` processes of ``command`` publishing at the
+    point's rate between them for --latency-seconds, each its own Poisson
+    arrivals (--seed); their reports once all have exited 0."""
+    share = point.rate / point.publishers
+    seconds = ctx.options.latency_seconds
+    publishers: list[Worker] = []
+    try:
+        for seed in range(point.publishers):
+            out = ctx.directory / f"{name}-{seed}.out"
+            err = ctx.directory / f"{name}-{seed}.err"
+            arguments = ["--rate", str(share), "--seconds", str(seconds), "--seed", str(seed)]
+            with out.open("wb") as out_file, err.open("wb") as err_file:
+                process = subprocess.Popen(
+                    [*command, *arguments],
+                    cwd=harness.ROOT,
+                    env=env,
+                    stdout=out_file,
+                    stderr=err_file,
+                    start_new_session=True,
+                )
+            publishers.append(Worker(process, out, err))
+        # Publishing, then waiting as long again for the acknowledgements.
+        deadline = time.monotonic() + 2 * seconds + READY_TIMEOUT_SECONDS
+        for publisher in publishers:
+            try:
+                publisher.process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise harness.BenchError(f"{name}: a publisher hangs\n{publisher.tail()}") from None
+            if publisher.process.returncode:
+                raise harness.BenchError(
+                    f"{name}: a publisher exited with {publisher.process.returncode}\n"
+                    f"{publisher.tail()}"
+                )
+        return [publisher.report() for publisher in publishers]
+    finally:
+        for publisher in publishers:
+            stop(publisher.process)
+
+
+Reports = tuple[list[dict[str, Any]], dict[str, float | None]]
+
+
+def lazaretto_latency(ctx: Context, point: LatencyPoint) -> Reports:
+    """The publishers (bench._peer_lazaretto publish) publish to a queue
+    (mode full, the default batch size) that the Celery processes deliver
+    as the messages come."""
     assert ctx.deliver is not None
     assert ctx.redis is not None
-    options = ctx.options
     fresh_database(ctx, template=ctx.template)
-    queue = lazaretto.make_queue(
-        "BENCH.PEERS.LATENCY",
+    lazaretto.make_queue(
+        lazaretto.LATENCY_QUEUE,
         batch=LAZARETTO_LATENCY_BATCH,
         retention="full",
         size=SIZE,
         paused=False,
     )
     _celery.flush_redis(ctx.redis)
+    command = [sys.executable, "-m", "bench._peer_lazaretto", "publish"]
+    command += ["--url", ctx.bench_url, "--size", str(SIZE)]
+    env = {
+        **os.environ,
+        **_celery.worker_env(ctx.bench_url),
+        "CELERY_BROKER_URL": ctx.redis.url,
+    }
     with (
         tempfile.TemporaryDirectory(prefix="bench-peers-", dir=ctx.directory) as directory,
-        psycopg.connect(ctx.bench_url, autocommit=True) as conn,
         _celery.celery_processes(ctx.deliver, Path(directory)) as workers,
     ):
-        harness.log(
-            f"lazaretto latency: {options.latency_rate:g}/s for {options.latency_seconds:g}s"
-        )
-        count = lazaretto.publish_paced(
-            queue.name, ctx.payload, options.latency_rate, options.latency_seconds
-        )
-        return lazaretto.latencies(conn, queue, workers, count)
+        consumers = [process.pid for process in workers.processes.values()]
+        with cores_used(ctx, consumers) as cores:
+            reports = run_publishers(ctx, "lazaretto-publish", command, env, point)
+        _celery.check_tasks(workers)
+    return reports, cores
 
 
-def pgqueuer_latency(ctx: Context) -> list[tuple[float, float]]:
-    """Jobs enqueued one at a time with PgQueuer's enqueue at the rate asked,
-    consumed by WORKERS listening processes (batch_size
-    PGQUEUER_LATENCY_BATCH): each job's seconds from its enqueue to its log
-    row, on the database's clock."""
+def pgqueuer_latency(ctx: Context, point: LatencyPoint) -> Reports:
+    """The publishers (bench._peer_pgqueuer publish) enqueue with PgQueuer's
+    enqueue; WORKERS listening processes (batch_size PGQUEUER_LATENCY_BATCH)
+    consume."""
     assert ctx.peers_python is not None
-    options = ctx.options
     module = "bench._peer_pgqueuer"
     fresh_database(ctx)
     prepare_peer(ctx, module, 0)
     python = [str(ctx.peers_python), "-m", module]
     listen = [*python, "listen", "--url", ctx.bench_url, "--batch", str(PGQUEUER_LATENCY_BATCH)]
     publish = [*python, "publish", "--url", ctx.bench_url, "--size", str(SIZE)]
-    publish += ["--rate", str(options.latency_rate), "--seconds", str(options.latency_seconds)]
     with worker_processes(ctx, "pgqueuer-listen", listen) as workers:
         wait_ready("pgqueuer listen", workers)
         release(workers)
         time.sleep(LISTEN_SETTLE_SECONDS)
-        harness.log(
-            f"pgqueuer latency: {options.latency_rate:g}/s for {options.latency_seconds:g}s"
-        )
-        answer = subprocess.run(
-            publish, cwd=harness.ROOT, capture_output=True, text=True, check=False
-        )
+        with cores_used(ctx, [worker.process.pid for worker in workers]) as cores:
+            reports = run_publishers(ctx, "pgqueuer-publish", publish, dict(os.environ), point)
         dead = [worker for worker in workers if worker.process.poll() is not None]
-        if answer.returncode or dead:
+        if dead:
             raise harness.BenchError(
-                f"pgqueuer latency: the publisher exited with {answer.returncode}, "
-                f"{len(dead)} listeners exited\n{answer.stderr[-2000:]}\n"
-                + "\n".join(worker.tail() for worker in workers)
+                f"pgqueuer latency: {len(dead)} listeners exited\n"
+                + "\n".join(worker.tail() for worker in dead)
             )
-    lines = [line for line in answer.stdout.splitlines() if line.startswith(REPORT)]
-    if not lines:
-        raise harness.BenchError(f"pgqueuer latency: no report\n{answer.stderr[-2000:]}")
-    report = json.loads(lines[-1][len(REPORT) :])
-    return [(float(at), float(seconds)) for at, seconds in report["latencies"]]
+    return reports, cores
 
 
-LATENCY_RUNNERS: dict[str, Callable[[Context], list[tuple[float, float]]]] = {
+LATENCY_RUNNERS: dict[str, Callable[[Context, LatencyPoint], Reports]] = {
     "lazaretto": lazaretto_latency,
     "pgqueuer": pgqueuer_latency,
 }
 
 
-def run_latency(ctx: Context) -> dict[str, dict[str, Any]]:
-    """p50, p99 and the worst publish-to-ack time of each system measured."""
-    latency = {}
+def point_figures(point: LatencyPoint, measured: Reports) -> dict[str, Any]:
+    """p50, p99 and the worst arrival-to-ack time of the publishers' messages
+    together; the same of the part from the publish's commit to the ack
+    (the time in the system, without the publishers' own delay); how the
+    publishers kept to their arrivals; and the cores each side used."""
+    reports, cores = measured
+    rows = [row for report in reports for row in report["latencies"]]
+    arrivals = [float(row[0]) for row in rows]
+    span = max(arrivals) - min(arrivals)
+    whole = latency_figures([(float(r[0]), r[1]) for r in rows], LATENCY_WARMUP_SECONDS)
+    stored = latency_figures([(float(r[0]), r[2]) for r in rows], LATENCY_WARMUP_SECONDS)
+    return {
+        "rate_per_s": point.rate,
+        "basis": point.basis,
+        "publishers": point.publishers,
+        **whole,
+        "from_commit": {key: stored[key] for key in ("p50_ms", "p99_ms", "max_ms")},
+        "arrived_per_s": round(len(rows) / span, 1) if span > 0 else None,
+        "publish_calls": sum(int(r["calls"]) for r in reports),
+        "worst_publish_lag_ms": round(1000 * max(float(r["worst_lag_s"]) for r in reports), 2),
+        "cpu_cores": cores,
+    }
+
+
+def run_latency(ctx: Context, results: Sequence[Result]) -> dict[str, list[dict[str, Any]]]:
+    """Each system's latency at each of its points."""
+    latency: dict[str, list[dict[str, Any]]] = {}
     for name in ctx.options.latency_of:
-        harness.log(f"== {name} latency")
-        figures = latency_figures(LATENCY_RUNNERS[name](ctx), LATENCY_WARMUP_SECONDS)
-        harness.log(f"{name} latency: {figures}")
-        latency[name] = figures
+        for point in latency_points(ctx.options, name, results):
+            harness.log(
+                f"== {name} latency at {point.rate:g}/s ({point.basis}), "
+                f"{point.publishers} publishers, {ctx.options.latency_seconds:g}s"
+            )
+            figures = point_figures(point, LATENCY_RUNNERS[name](ctx, point))
+            harness.log(f"{name} latency: {figures}")
+            latency.setdefault(name, []).append(figures)
     return latency
 
 
@@ -1046,7 +1254,7 @@ class Run:
     tps: float | None
     results: list[Result]
     checks: list[BatchCheck]
-    latency: dict[str, dict[str, Any]]
+    latency: dict[str, list[dict[str, Any]]]
 
 
 def summary(options: Options, run: Run, seconds: float) -> dict[str, Any]:
@@ -1073,8 +1281,12 @@ def summary(options: Options, run: Run, seconds: float) -> dict[str, Any]:
         "targets": targets_summary(sampled(run.results)),
         "latency": run.latency,
         "latency_setup": {
-            "rate_per_s": options.latency_rate,
+            "rates_per_s": list(options.latency_rates),
+            "capacity_share": options.latency_capacity_share,
             "seconds": options.latency_seconds,
+            "arrivals": "Poisson, one process per "
+            f"{PUBLISHER_RATE:g} msgs/s (at most {MAX_PUBLISHERS}), what has arrived "
+            "published in one call",
             "warmup_seconds": LATENCY_WARMUP_SECONDS,
             "lazaretto_queue_batch": LAZARETTO_LATENCY_BATCH,
             "pgqueuer_batch_size": PGQUEUER_LATENCY_BATCH,
@@ -1093,7 +1305,8 @@ def summary(options: Options, run: Run, seconds: float) -> dict[str, Any]:
             "lazaretto: first claim (TBDL counter drops) to the delivered counter at N; "
             "celery-redis: first drop of the Redis queue to queue and unacked both empty; the "
             "others: first fetch of any worker to the last acknowledgement of any, on the "
-            "workers' clocks; latency: publish transaction's now() to the ack statement's now()"
+            "workers' clocks; latency: a message's arrival (the publisher's clock) to the ack "
+            "statement's now() (the database's, on the same machine)"
         ),
         "total_s": round(seconds, 1),
     }
@@ -1115,7 +1328,7 @@ def print_report(options: Options, run: Run) -> None:
     print()
     print_results(run.results, run.tps)
     print_targets(run.results)
-    print_latency(run.latency, options.latency_rate)
+    print_latency(run.latency)
 
 
 @contextmanager
@@ -1138,7 +1351,9 @@ def measure_one(ctx: Context, system: str, batch: int | None, count: int, sample
     return measured
 
 
-def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck], dict[str, dict[str, Any]]]:
+def run_all(
+    ctx: Context,
+) -> tuple[list[Result], list[BatchCheck], dict[str, list[dict[str, Any]]]]:
     results: list[Result] = []
     checks: list[BatchCheck] = []
     with ExitStack() as stack:
@@ -1158,14 +1373,14 @@ def run_all(ctx: Context) -> tuple[list[Result], list[BatchCheck], dict[str, dic
                     batch,
                     count,
                     measured.seconds,
-                    measured.peak_rss_kb,
+                    measured.peak_pss_kb,
                     measured.database,
                     sample,
                 )
             )
             if measured.check is not None:
                 checks.append(measured.check)
-        latency = run_latency(ctx)
+        latency = run_latency(ctx, results)
     return results, checks, latency
 
 

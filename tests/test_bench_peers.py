@@ -9,8 +9,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from itertools import pairwise
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from bench import _peer_report as report
 from bench import peers
 from bench._harness import ROOT, BenchError
-from bench._peer_worker import publish_times
+from bench._peer_worker import Arrivals, publish_times
 from bench.peers import DatabaseWork, Result
 from rig.processes import database_url_for_workers
 from tests.support.arguments import usage_error
@@ -37,7 +39,7 @@ def result(
         batch=batch,
         messages=messages,
         seconds=messages / msgs_per_s,
-        peak_rss_kb=1024,
+        peak_pss_kb=1024,
         database=database,
         sample=sample,
     )
@@ -75,7 +77,17 @@ def result(
             id="a negative latency run",
         ),
         pytest.param(
-            ["--latency-rate", "0"], "--latency-rate: must be more than 0, not 0", id="rate zero"
+            ["--latency-rates", "20,0"],
+            "--latency-rates: must be more than 0, not 0",
+            id="rate zero",
+        ),
+        pytest.param(
+            ["--latency-rates", ","], "--latency-rates: give at least one rate", id="no rate"
+        ),
+        pytest.param(
+            ["--latency-capacity-share", "1.5"],
+            "--latency-capacity-share: must be 1 or less, not 1.5",
+            id="more than the capacity",
         ),
     ],
 )
@@ -95,7 +107,9 @@ def test_defaults_drain_for_at_least_15_seconds_five_times() -> None:
     assert options.batch1_messages == peers.DEFAULT_BATCH1_MESSAGES
     assert options.procrastinate_messages == peers.DEFAULT_PROCRASTINATE_MESSAGES
     assert options.celery_redis_messages == peers.DEFAULT_CELERY_REDIS_MESSAGES
-    assert (options.latency_seconds, options.latency_rate) == (60.0, 20.0)
+    assert options.latency_seconds == 60.0
+    assert options.latency_rates == (20.0, 1000.0, 5000.0)
+    assert options.latency_capacity_share == 0.7
     assert options.keep
     assert options.latency_of == ("lazaretto", "pgqueuer")
 
@@ -252,7 +266,7 @@ def test_a_result_row_has_the_median_the_spread_and_the_samples() -> None:
         "msgs_per_s_samples": [1234.5, 1000.0, 1500.0],
         "versus": "lazaretto-none",
         "ratio_to_lazaretto": None,
-        "peak_rss_mb": 1.0,
+        "peak_pss_mb": 1.0,
         "wal_bytes_per_msg": 1620,
         "database_cpu_us_per_msg": 40.5,
     }
@@ -354,10 +368,26 @@ def test_latency_leaves_out_the_warm_up_and_takes_nearest_rank_percentiles() -> 
     assert figures == {
         "messages": 100,
         "warmup_messages": 20,
+        "unacknowledged": 0,
         "p50_ms": 50.0,
         "p99_ms": 99.0,
         "max_ms": 100.0,
     }
+
+
+def test_a_message_never_acknowledged_counts_as_slower_than_any() -> None:
+    """Past its capacity a system's backlog outlasts the bench's wait: what
+    was never acknowledged is no fast message left out."""
+    acked: list[tuple[float, float | None]] = [
+        (1000.0 + n / 100, (n + 1) / 1000)
+        for n in range(100)  # 1..100 ms
+    ]
+    lost: list[tuple[float, float | None]] = [(1001.0, None), (1001.5, None)]
+
+    figures = report.latency_figures(acked + lost, warmup_seconds=0)
+    assert (figures["unacknowledged"], figures["p50_ms"], figures["max_ms"]) == (2, 51.0, None)
+    assert figures["p99_ms"] is None  # the 101st of 102 is one never acknowledged
+    assert report.latency_figures([*acked, (1001.0, None)], 0)["p99_ms"] == 100.0
 
 
 def test_paced_publishes_arrive_at_the_rate_asked_at_irregular_times() -> None:
@@ -372,14 +402,71 @@ def test_paced_publishes_arrive_at_the_rate_asked_at_irregular_times() -> None:
     assert min(gaps) < 0.01 < 0.1 < max(gaps)
 
 
-def test_latency_targets_judge_lazaretto_s_p99() -> None:
-    latency = {"lazaretto": {"p99_ms": 12.0}, "pgqueuer": {"p99_ms": 9.0}}
+def test_publishers_with_different_seeds_arrive_at_different_times() -> None:
+    first, second = publish_times(500, 2, seed=0), publish_times(500, 2, seed=1)
+    assert [b - a for a, b in pairwise(first)] != [b - a for a, b in pairwise(second)]
+
+
+def test_what_arrived_while_a_call_ran_goes_out_in_the_next_call() -> None:
+    arrivals = Arrivals(rate=1000, seconds=1, seed=0)
+    time.sleep(0.05)  # a slow call: some 50 messages arrive meanwhile
+
+    due = arrivals.due()
+
+    assert 20 < len(due) < len(arrivals.pending) + len(due)
+    assert arrivals.worst_lag >= 0.04
+    arrivals.published(list(range(len(due))), due)
+    # Each message dated by its arrival on the epoch clock, not by the call.
+    assert list(arrivals.arrived.values()) == [at + arrivals.offset for at in due]
+
+
+def point(rate: float, p99: float | None, basis: str = "fixed rate") -> dict[str, Any]:
+    return {"rate_per_s": rate, "basis": basis, "p99_ms": p99}
+
+
+def test_latency_targets_judge_lazaretto_s_p99_at_its_rates_and_beside_pgqueuer() -> None:
+    latency = {
+        "lazaretto": [
+            point(20, 12.0),
+            point(1000, 60.0),
+            point(5000, None),
+            point(14000, 900.0, "70% of ..."),
+        ],
+        "pgqueuer": [
+            point(20, 9.0),
+            point(1000, 80.0),
+            point(5000, None),
+            point(9000, 500.0, "70% of ..."),
+        ],
+    }
+
     targets = report.latency_targets(latency)
-    assert targets["lazaretto_p99"]["verdict"] == "PASS"
-    assert targets["lazaretto_p99_vs_pgqueuer"]["verdict"] == "MISS"
-    assert report.latency_targets({"lazaretto": {"p99_ms": 25.0}})["lazaretto_p99"]["verdict"] == (
-        "MISS"
-    )
+
+    assert {name: target["verdict"] for name, target in targets.items()} == {
+        "lazaretto_p99_at_20": "PASS",
+        "lazaretto_p99_at_1000": "MISS",
+        "lazaretto_p99_vs_pgqueuer_at_20": "MISS",
+        "lazaretto_p99_vs_pgqueuer_at_1000": "PASS",
+        "lazaretto_p99_vs_pgqueuer_at_5000": "PASS",
+    }
+    assert report.latency_targets({})["lazaretto_p99_at_1000"]["verdict"] == "n/a"
+
+
+def test_the_capacity_point_is_a_share_of_the_drain_rate_at_the_nearest_batch() -> None:
+    options = peers.parse_args(["--latency-rates", "20", "--latency-capacity-share", "0.5"])
+    results = [
+        result("lazaretto-full", 100, 20_000.0),
+        result("lazaretto-full", 10, 8_000.0),
+    ]
+
+    points = peers.latency_points(options, "lazaretto", results)
+
+    assert [(p.rate, p.basis) for p in points] == [
+        (20.0, "fixed rate"),
+        (4000, "50% of lazaretto-full batch 10's 8,000 msgs/s"),
+    ]
+    assert [p.publishers for p in points] == [1, 4]
+    assert peers.latency_points(options, "pgqueuer", results) == [peers.LatencyPoint(20.0)]
 
 
 # --- the bench as its user runs it ----------------------------------------------------
@@ -395,6 +482,7 @@ def test_a_tiny_run_reports_each_sample_the_pair_and_the_latency() -> None:
     command = [sys.executable, "-m", "bench.peers", "--systems", "lazaretto-full,bare"]
     command += ["--batches", "10", "--messages", "100", "--samples", "2"]
     command += ["--pgbench-seconds", "0", "--latency-seconds", "3", "--no-keep"]
+    command += ["--latency-rates", "50", "--latency-capacity-share", "0.1"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.splitlines()[-1])
@@ -414,8 +502,14 @@ def test_a_tiny_run_reports_each_sample_the_pair_and_the_latency() -> None:
     assert pair["ratio_min"] <= pair["ratio"] <= pair["ratio_max"]
     assert pair["lazaretto_figures"]["wal_bytes_per_msg"] > 0
     assert figures["targets"]["lazaretto_full_vs_pgmq_archive_10"]["verdict"] == "n/a"
-    latency = figures["latency"]["lazaretto"]
-    assert latency["messages"] > 0
-    assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
-    assert figures["latency_targets"]["lazaretto_p99"]["verdict"] in ("PASS", "MISS")
+    fixed, share = figures["latency"]["lazaretto"]
+    assert (fixed["rate_per_s"], fixed["basis"]) == (50.0, "fixed rate")
+    assert share["basis"].startswith("10% of lazaretto-full batch 10's")
+    for latency in (fixed, share):
+        assert latency["messages"] > 0
+        assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+        assert latency["publish_calls"] <= latency["messages"] + latency["warmup_messages"]
+        assert latency["unacknowledged"] == 0
+        assert min(latency["cpu_cores"].values()) > 0, latency["cpu_cores"]
+    assert figures["latency_targets"]["lazaretto_p99_at_20"]["verdict"] == "n/a"
     assert "pairs: Lazaretto's median msgs/s" in run.stdout

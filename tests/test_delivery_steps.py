@@ -34,6 +34,7 @@ from rig.processes import database_url_for_workers, wait_until
 from tests.support.databases import scalar
 from tests.support.messages import totals
 from tests.support.publishing import published
+from workers.tasks import PUBLISH_WAKE_PRIORITY
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("dumps")]
 S = MessageState
@@ -614,13 +615,17 @@ def test_publishing_wakes_delivery_only_after_commit(
     queue = queue_create(name="Q", consumer="noop", batch_size=100)
     client = redis.Redis.from_url(redis_server.url)
 
+    # kombu's list for the deliveries queue's tasks of PUBLISH_WAKE_PRIORITY.
+    publish_wake_ups = f"deliveries\x06\x16{PUBLISH_WAKE_PRIORITY}"
+
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         published(queue, 250)
-    assert client.llen("deliveries") == 0
+    assert client.llen(publish_wake_ups) == 0
     for callback in callbacks:
         callback()
 
-    assert client.llen("deliveries") == 3  # one task per batch of the backlog
+    assert client.llen(publish_wake_ups) == 3  # one task per batch of the backlog
+    assert client.llen("deliveries") == 0  # where a successor's would go, ahead of them
 
 
 @pytest.mark.slow

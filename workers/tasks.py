@@ -91,6 +91,7 @@ def wake(
     expires: float = 60.0,
     successor: bool = False,
     unless_claimed: list[int] | None = None,
+    priority: int = 0,
 ) -> None:
     """Ask workers to deliver from a queue, best effort; a ``successor``
     takes over the waiting for the queue's announcements from the task that
@@ -109,9 +110,20 @@ def wake(
                 time_limit=task_time_limit(lease_seconds),
                 expires=expires,
                 retry=False,
+                priority=priority,
             )
     except Exception as error:  # Redis down: the periodic dispatch will catch up
         logger.warning("could not wake queue %s: %s", queue_id, error)
+
+
+# Redis hands a worker the tasks of priority 0 (the default: the dispatch's,
+# the sweeper's, a task's successor) before those of PUBLISH_WAKE_PRIORITY.
+# A publish finding no courier waiting wakes a task; at 1,000 publishes a
+# second with both processes delivering, that is hundreds a second, each of
+# which finds its messages claimed. The successor a task wakes when its
+# time is up then waited behind them: 300-400 ms without a delivery every
+# few seconds, where now it waits for at most the tasks already reserved.
+PUBLISH_WAKE_PRIORITY = 9
 
 
 def _fanout(waiting: int, batch_size: int, suspects: int = 0) -> int:
@@ -148,6 +160,7 @@ def wake_when_available(
             lease_seconds=queue.lease_seconds,
             tasks=tasks,
             unless_claimed=ids if tasks == 1 else None,
+            priority=PUBLISH_WAKE_PRIORITY,
         ),
         robust=True,
     )
