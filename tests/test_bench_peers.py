@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -469,6 +470,42 @@ def test_the_capacity_point_is_a_share_of_the_drain_rate_at_the_nearest_batch() 
     assert peers.latency_points(options, "pgqueuer", results) == [peers.LatencyPoint(20.0)]
 
 
+# --- memory ------------------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def test_pss_counts_a_forked_worker_s_shared_pages_once_where_rss_counts_them_in_each() -> None:
+    """Two forked children of a process with a large heap share its pages:
+    their RSS each count the whole, their PSS together about one copy."""
+    ballast = bytearray(64 * 1024 * 1024)  # touched: resident in this process
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    pids = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:  # the child: keep the inherited pages, shared, and wait
+            time.sleep(30)
+            os._exit(0)
+        pids.append(pid)
+    try:
+        time.sleep(0.2)
+        rss = sum(rss_kb(pid) for pid in pids)
+        pss = sum(peers.pss_kb(pid) for pid in pids)
+        with peers.PeakPss([os.getpid()]) as peak:
+            time.sleep(0.3)
+        assert rss > 2 * 60 * 1024  # each child's RSS counts the 64 MB
+        assert pss < rss * 0.8, (pss, rss)  # shared with the parent and each other
+        assert peak.peak_kb > pss  # the sampler summed the tree: the children and this
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    del ballast
+
+
 # --- the bench as its user runs it ----------------------------------------------------
 
 
@@ -499,6 +536,7 @@ def test_a_tiny_run_reports_each_sample_the_pair_and_the_latency() -> None:
         assert len(row["msgs_per_s_samples"]) == 2
         assert row["msgs_per_s_min"] <= row["msgs_per_s"] <= row["msgs_per_s_max"]
         assert row["wal_bytes_per_msg"] > 0
+        assert row["peak_pss_mb"] > 0
     pair = figures["targets"]["lazaretto_full_vs_bare_10"]
     assert pair["verdict"] in ("PASS", "MISS")
     assert pair["ratio_min"] <= pair["ratio"] <= pair["ratio_max"]
