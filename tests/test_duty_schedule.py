@@ -89,7 +89,7 @@ def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, setting
     sent = sends(
         monkeypatch,
         lambda: PhasedScheduler(app, schedule_filename=str(tmp_path / "beat"), lazy=False),
-        2.1,
+        2.0,  # between the sweep at 11/6 s and the next dispatch at 13/6 s
     )
 
     assert [name for name, _ in sent] == [
