@@ -491,11 +491,11 @@ def test_pss_counts_a_forked_worker_s_shared_pages_once_where_rss_counts_them_in
             os._exit(0)
         pids.append(pid)
     try:
-        time.sleep(0.2)
+        # A forked child's page tables, and so its RSS, hold the pages at once.
         rss = sum(rss_kb(pid) for pid in pids)
         pss = sum(peers.pss_kb(pid) for pid in pids)
         with peers.PeakPss([os.getpid()]) as peak:
-            time.sleep(0.3)
+            pass  # the sampler sums the tree once before it first waits
         assert rss > 2 * 60 * 1024  # each child's RSS counts the 64 MB
         assert pss < rss * 0.8, (pss, rss)  # shared with the parent and each other
         assert peak.peak_kb > pss  # the sampler summed the tree: the children and this

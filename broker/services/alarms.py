@@ -30,13 +30,14 @@ from datetime import timedelta
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from broker.models import NotificationState, PoisonAction, PoisonAlarm
 from broker.outbound import DestinationRefused, outbound_client
 from broker.services.counting import minute_count
+from broker.services.locks import session_lock
 
 logger = logging.getLogger(__name__)
 
@@ -145,10 +146,10 @@ def alarms_notify_due(*, budget_seconds: float = 5.0) -> NotifyResult:
     with an alarm due, it raises RuntimeError."""
     if not _due().exists():  # the common run: one statement
         return NotifyResult()
-    if not _try_lock():
-        return NotifyResult(busy=True)
-    result = NotifyResult()
-    try:
+    with session_lock(NOTIFY_LOCK_KEY) as alone:
+        if not alone:
+            return NotifyResult(busy=True)
+        result = NotifyResult()
         timeout = settings.LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS
         lease_seconds = 3 * timeout + NOTIFY_LEASE_MARGIN_SECONDS
         budget_ends = time.monotonic() + budget_seconds
@@ -163,8 +164,6 @@ def alarms_notify_due(*, budget_seconds: float = 5.0) -> NotifyResult:
                 if time.monotonic() >= budget_ends:
                     break
                 alarm = _claim_due(lease_seconds=lease_seconds)
-    finally:
-        _unlock()
     return result
 
 
@@ -173,18 +172,6 @@ def _due() -> QuerySet[PoisonAlarm]:
     return PoisonAlarm.objects.filter(
         notification=NotificationState.PENDING, notify_next_at__lte=Now()
     )
-
-
-def _try_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [NOTIFY_LOCK_KEY])
-        (locked,) = cursor.fetchone()
-    return bool(locked)
-
-
-def _unlock() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s)", [NOTIFY_LOCK_KEY])
 
 
 def _claim_due(*, lease_seconds: float) -> PoisonAlarm | None:

@@ -4,13 +4,11 @@ selection or a filter, in the background, with progress."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -18,6 +16,7 @@ from broker.errors import InvalidInput
 from broker.models import BulkJob, BulkJobStatus, Message, MessageState
 from broker.selectors import MessageFilter, filtered_messages
 from broker.services.audit import Actor, audit_record
+from broker.services.locks import session_lock
 from broker.services.transitions.blacklist import TRIAGE, TRIAGE_ACTIONS
 from broker.signals import bulk_job_submitted
 
@@ -94,28 +93,12 @@ def bulk_job_submit(
     return job
 
 
-@contextmanager
-def _run_lock(job_id: int) -> Iterator[bool]:
-    """Whether this process holds the job's run lock (a session lock, so a
-    run that dies with its process leaves it free)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [RUN_LOCK_CLASS, job_id])
-        (locked,) = cursor.fetchone()
-    try:
-        yield bool(locked)
-    finally:
-        # A lost connection has let the lock go with it.
-        if locked and connection.is_usable():
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_CLASS, job_id])
-
-
 def bulk_job_run(*, job_id: int) -> BulkJob:
     """Work through a job in chunks of CHUNK messages, one transaction each,
     counting progress. Safe to run again: it takes up what is still
     blacklisted. A run that finds another one under way (its start sent
     twice, see broker.services.job_starts) leaves the job to it."""
-    with _run_lock(job_id) as alone:
+    with session_lock(RUN_LOCK_CLASS, job_id) as alone:
         if not alone:
             logger.info("bulk job %s: already running in another process", job_id)
             return BulkJob.objects.get(id=job_id)
