@@ -323,14 +323,23 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         ),
         keep=(bool, True, "keep the figures in var/bench/peers-*.json (default)"),
     ).parse_args(argv)
-    args.batch10_messages = args.batch10_messages or max(1, round(args.messages * BATCH10_SHARE))
+    return Options(**sized(vars(args)))
+
+
+def sized(values: dict[str, Any]) -> dict[str, Any]:
+    """The message counts left unset, from N (--messages): a share of it
+    under batch 100, and the slow peers' defaults but never more than N."""
+    messages = values["messages"]
+    values["batch10_messages"] = values["batch10_messages"] or max(
+        1, round(messages * BATCH10_SHARE)
+    )
     for name, default in (
         ("batch1_messages", DEFAULT_BATCH1_MESSAGES),
         ("procrastinate_messages", DEFAULT_PROCRASTINATE_MESSAGES),
         ("celery_redis_messages", DEFAULT_CELERY_REDIS_MESSAGES),
     ):
-        setattr(args, name, getattr(args, name) or min(default, args.messages))
-    return Options(**vars(args))
+        values[name] = values[name] or min(default, messages)
+    return values
 
 
 # --- the peers' venv -------------------------------------------------------------------
