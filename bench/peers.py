@@ -617,18 +617,25 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def worker_processes(
-    ctx: Context, name: str, command: list[str], env: dict[str, str] | None = None
+    ctx: Context,
+    name: str,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    each: Sequence[Sequence[str]] = ((),) * WORKERS,
 ) -> Iterator[list[Worker]]:
-    """WORKERS processes of ``command``, each with its stdin a pipe and its
-    output in the run's directory; killed (their groups) on the way out."""
+    """A process of ``command`` for each of ``each`` (its own arguments,
+    after the command's; WORKERS processes without any by default), each
+    with its stdin a pipe and its output in the run's directory; killed
+    (their groups) on the way out."""
     workers: list[Worker] = []
     try:
-        for index in range(WORKERS):
+        for index, arguments in enumerate(each):
             out = ctx.directory / f"{name}-{index}.out"
             err = ctx.directory / f"{name}-{index}.err"
             with out.open("wb") as out_file, err.open("wb") as err_file:
                 process = subprocess.Popen(
-                    command,
+                    [*command, *arguments],
                     cwd=harness.ROOT,
                     env=env or dict(os.environ),
                     stdin=subprocess.PIPE,
@@ -1112,22 +1119,11 @@ def run_publishers(
     arrivals (--seed); their reports once all have exited 0."""
     share = point.rate / point.publishers
     seconds = ctx.options.latency_seconds
-    publishers: list[Worker] = []
-    try:
-        for seed in range(point.publishers):
-            out = ctx.directory / f"{name}-{seed}.out"
-            err = ctx.directory / f"{name}-{seed}.err"
-            arguments = ["--rate", str(share), "--seconds", str(seconds), "--seed", str(seed)]
-            with out.open("wb") as out_file, err.open("wb") as err_file:
-                process = subprocess.Popen(
-                    [*command, *arguments],
-                    cwd=harness.ROOT,
-                    env=env,
-                    stdout=out_file,
-                    stderr=err_file,
-                    start_new_session=True,
-                )
-            publishers.append(Worker(process, out, err))
+    each = [
+        ["--rate", str(share), "--seconds", str(seconds), "--seed", str(seed)]
+        for seed in range(point.publishers)
+    ]
+    with worker_processes(ctx, name, command, env, each=each) as publishers:
         # Publishing, then waiting as long again for the acknowledgements.
         deadline = time.monotonic() + 2 * seconds + READY_TIMEOUT_SECONDS
         for publisher in publishers:
@@ -1141,9 +1137,6 @@ def run_publishers(
                     f"{publisher.tail()}"
                 )
         return [publisher.report() for publisher in publishers]
-    finally:
-        for publisher in publishers:
-            stop(publisher.process)
 
 
 Reports = tuple[list[dict[str, Any]], dict[str, float | None]]
