@@ -93,6 +93,29 @@ class ReplayJobBusy(BrokerError):
     code = "replay_job_busy"
 
 
+class ScheduleNotFound(NotFound):
+    code = "schedule_not_found"
+
+
+class SchedulePaused(Conflict):
+    """Run now on a paused replay schedule: resume it first."""
+
+    code = "schedule_paused"
+
+
+class ScheduleDeleted(Conflict):
+    """A deleted replay schedule: its jobs stay, it fires no more."""
+
+    code = "schedule_deleted"
+
+
+class ScheduleBusy(Conflict):
+    """Run now while the schedule's previous job still runs: two jobs of one
+    schedule never run at once."""
+
+    code = "schedule_busy"
+
+
 class QueueIsDeadLetter(BrokerError):
     """Applications publish to ordinary queues; only the broker dead-letters."""
 

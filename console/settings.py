@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "django_celery_beat",
     "broker",
     "workers",
     "console",
@@ -303,6 +304,7 @@ CELERY_TASK_ROUTES = {
     "lazaretto.dispatch": {"queue": "control"},
     "lazaretto.notify_alarms": {"queue": "control"},
     "lazaretto.start_jobs": {"queue": "control"},
+    "lazaretto.replay_schedule_fire": {"queue": "control"},
 }
 # Wake-ups are hints: a publish must never wait for Redis. ``max_retries``
 # 0: a send finding the connection gone tries to connect once, where kombu

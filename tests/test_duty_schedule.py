@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery.schedules import crontab
 
 from workers.celery import app
@@ -63,12 +64,14 @@ def assert_spread(sent: list[tuple[str, float]]) -> None:
         assert later - earlier > 0.25, sent
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_broker_node_sends_each_duty_at_its_phase(monkeypatch):
     sent = sends(monkeypatch, lambda: EpochScheduler(app, duties=DUTIES, epoch=7, lazy=False), 2.2)
 
     assert_spread(sent)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, settings):
     """``celery beat`` with the settings' schedule: six duties every 1, 1,
     2, 5, 5 and 10 s, a sixth of a second apart."""

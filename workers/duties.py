@@ -2,7 +2,8 @@
 schedule of ``LAZARETTO_PRIMARY_DUTIES`` (the sweeper, the dispatcher, the
 dead-letter scans, the archive, the alarm posts, the delivery heartbeat),
 each task carrying the epoch it was issued under (``epoch=`` keyword, checked
-by ``broker.ha.guard.primary_duty`` where it runs).
+by ``broker.ha.guard.primary_duty`` where it runs), and fires the replay
+schedules (``broker.pipeline.schedules``), which beat reads from PostgreSQL.
 
 Sending runs in a thread of its own, so a slow or absent Redis never holds
 up the node's heartbeats.
@@ -12,10 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery, beat, schedules
+from django.db import DatabaseError
+from django_celery_beat.schedulers import DatabaseScheduler
+
+from broker.pipeline.schedules import FIRE_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +29,15 @@ logger = logging.getLogger(__name__)
 MAX_WAIT_SECONDS = 0.5
 
 
-# celery ships no type hints for beat.
-_Scheduler: Any = beat.Scheduler
-_PersistentScheduler: Any = beat.PersistentScheduler
+# The longest a change to the replay schedules waits to be seen (a read of
+# django-celery-beat's change stamp; beat ticks several times a second).
+CHANGE_CHECK_SECONDS = 1.0
+
+
+# celery and django-celery-beat ship no type hints for beat.
+_DatabaseScheduler: Any = DatabaseScheduler
+_ScheduleEntry: Any = beat.ScheduleEntry
+_IntervalSchedule: Any = schedules.schedule
 
 
 def duty_phases(intervals: dict[str, float]) -> dict[str, float]:
@@ -41,55 +53,117 @@ def duty_phases(intervals: dict[str, float]) -> dict[str, float]:
     return {name: shortest * k / len(intervals) for k, name in enumerate(sorted(intervals))}
 
 
-def spread(scheduler: Any) -> None:
-    """Set the schedule's duties that run every so many seconds at their
-    phases (``duty_phases``) from now; the others (the nightly archive, a
+def spread(entries: dict[str, Any], now: datetime) -> None:
+    """Set the duties that run every so many seconds at their phases
+    (``duty_phases``) from ``now``; the others (the nightly archive, a
     crontab) keep their times."""
-    entries = {
-        name: entry
-        for name, entry in scheduler.schedule.items()
-        if type(entry.schedule) is schedules.schedule
+    every = {
+        name: entry.schedule.run_every
+        for name, entry in entries.items()
+        if type(entry.schedule) is _IntervalSchedule
     }
-    intervals = {name: entry.schedule.run_every for name, entry in entries.items()}
-    phases = duty_phases({name: every.total_seconds() for name, every in intervals.items()})
-    now = scheduler.app.now()
-    for name, entry in entries.items():
+    phases = duty_phases({name: interval.total_seconds() for name, interval in every.items()})
+    for name, interval in every.items():
         # Due when its interval has passed since this: ``phase`` from now.
-        entry.last_run_at = now - intervals[name] + timedelta(seconds=phases[name])
+        entries[name].last_run_at = now - interval + timedelta(seconds=phases[name])
 
 
-class PhasedScheduler(_PersistentScheduler):
-    """``celery beat``'s scheduler (CELERY_BEAT_SCHEDULER), where no broker
-    node sends the duties: its duties spread as the node's are."""
+class DutiesAndSchedules(_DatabaseScheduler):
+    """Beat's schedule: the primary's duties, from the settings and kept in
+    memory, each at its phase (``spread``), and the replay schedules
+    (broker.pipeline.schedules), django-celery-beat's periodic tasks read
+    from PostgreSQL: a change there applies within CHANGE_CHECK_SECONDS,
+    without a restart. A schedule's firing is stored as soon as it is sent,
+    so that beat started again, or the new primary of a failover, knows
+    which slots were fired and fires a missed one once."""
+
+    def __init__(
+        self, app: Celery, *, duties: dict[str, dict[str, Any]] | None = None, **kwargs: Any
+    ) -> None:
+        self.duties = app.conf.beat_schedule if duties is None else duties
+        self._duty_entries: dict[str, Any] = {}
+        self._next_change_check = 0.0
+        self._read_again = False
+        super().__init__(app, **kwargs)
+
+    def duty_entry(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return fields
 
     def setup_schedule(self) -> None:
-        super().setup_schedule()
-        spread(self)
+        """The duties only: django-celery-beat would store them (and its own
+        result clean-up) as periodic tasks."""
+        self._duty_entries = {
+            name: _ScheduleEntry(**self.duty_entry(name, fields), name=name, app=self.app)
+            for name, fields in self.duties.items()
+        }
+        spread(self._duty_entries, self.app.now())
+
+    def enabled_models_qs(self) -> Any:
+        return super().enabled_models_qs().filter(task=FIRE_TASK)
+
+    def all_as_schedule(self) -> dict[str, Any]:
+        try:
+            stored = super().all_as_schedule()
+        except DatabaseError as error:
+            # The store is away: the duties go on, the schedules as last read.
+            logger.warning("duties: the replay schedules could not be read: %s", error)
+            self._read_again = True
+            stored = {
+                name: entry
+                for name, entry in (self._schedule or {}).items()
+                if name not in self._duty_entries
+            }
+        return {**stored, **self._duty_entries}
+
+    def schedule_changed(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_change_check:
+            return False
+        self._next_change_check = now + CHANGE_CHECK_SECONDS
+        if self._read_again:
+            self._read_again = False
+            return True
+        return bool(super().schedule_changed())
+
+    def reserve(self, entry: Any) -> Any:
+        if entry.name in self._duty_entries:
+            following = self._duty_entries[entry.name] = next(entry)
+            if self._schedule is not None:
+                self._schedule[entry.name] = following
+            return following
+        following = super().reserve(entry)
+        if self._schedule is not None:
+            # Read again, the schedule starts from this: so does it when the
+            # store cannot be read (``all_as_schedule``).
+            self._schedule[entry.name] = following
+        self.sync()
+        return following
 
 
-class EpochScheduler(_Scheduler):
-    """Celery beat's scheduler over ``duties``, every task with ``epoch``."""
+class PhasedScheduler(DutiesAndSchedules):
+    """``celery beat``'s scheduler (CELERY_BEAT_SCHEDULER), where no broker
+    node sends the duties: the settings' duties, spread as the node's are,
+    and the replay schedules."""
+
+
+class EpochScheduler(DutiesAndSchedules):
+    """A broker node's scheduler while it is primary: every duty carries
+    ``epoch``; the replay schedules' firings need none (a firing of a slot
+    already fired is dropped where it runs)."""
 
     def __init__(
         self, app: Celery, *, duties: dict[str, dict[str, Any]], epoch: int, **kwargs: Any
     ) -> None:
-        self.duties = duties
         self.epoch = epoch
-        super().__init__(app, **kwargs)
+        super().__init__(app, duties=duties, **kwargs)
 
-    def setup_schedule(self) -> None:
-        self.merge_inplace(
-            {
-                name: {
-                    **entry,
-                    "kwargs": {**entry.get("kwargs", {}), "epoch": self.epoch},
-                    # Redis down: this send fails now, the next comes on time.
-                    "options": {**entry.get("options", {}), "retry": False},
-                }
-                for name, entry in self.duties.items()
-            }
-        )
-        spread(self)
+    def duty_entry(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **fields,
+            "kwargs": {**fields.get("kwargs", {}), "epoch": self.epoch},
+            # Redis down: this send fails now, the next comes on time.
+            "options": {**fields.get("options", {}), "retry": False},
+        }
 
 
 class CeleryDuties:

@@ -25,6 +25,7 @@ from broker.errors import StaleEpoch
 from broker.ha.guard import primary_duty
 from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob, ReplayJobStatus
+from broker.pipeline.schedules import FIRE_TASK, schedule_fire
 from broker.selectors import (
     messages_waiting,
     queues_with_active_rules,
@@ -424,6 +425,15 @@ def replay_job(job_id: int) -> None:
         return
     job = replay_job_launch(job_id)
     logger.info("replay job %s %s: %s written", job.id, job.status, job.written)
+
+
+@app.task(name=FIRE_TASK, ignore_result=True)
+def replay_schedule_fire(schedule_id: int) -> None:
+    """Beat's firing of a replay schedule (broker.pipeline.schedules): its
+    replay job, or a skipped firing while the previous one runs."""
+    firing = schedule_fire(schedule_id=schedule_id)
+    if firing is not None and firing.job_id is not None:
+        logger.info("replay schedule %s fired: job %s", schedule_id, firing.job_id)
 
 
 @app.task(name="lazaretto.start_jobs", ignore_result=True)

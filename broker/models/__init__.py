@@ -45,7 +45,9 @@ from broker.models.pipeline import (
     ArchiveChunkStatus,
     ReplayJob,
     ReplayJobStatus,
+    ReplaySchedule,
     ReplaySource,
+    ScheduleFiring,
 )
 from broker.models.queues import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -119,10 +121,12 @@ __all__ = [
     "QueueTotal",
     "ReplayJob",
     "ReplayJobStatus",
+    "ReplaySchedule",
     "ReplaySource",
     "RuleTable",
     "RuleTableStatus",
     "ScanResult",
+    "ScheduleFiring",
     "Subscription",
     "Topic",
     "queue_name_validator",

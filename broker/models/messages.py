@@ -70,6 +70,13 @@ class Message(models.Model):
     # message_replayed_once_idx of broker_message_live (migration 0020).
     replay_job_id = models.BigIntegerField(null=True, blank=True)
     replay_source_id = models.BigIntegerField(null=True, blank=True)
+    # How many replays lie between the message and the one first published:
+    # 0 for a publish, its source's + 1 for a replay's copy. A replay
+    # schedule takes none that has reached its give-up limit.
+    generation = models.SmallIntegerField(db_default=0)
+    # When a replay schedule's job wrote a copy of it: no schedule takes it
+    # again (a one-off replay job leaves its sources as they are).
+    schedule_replayed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

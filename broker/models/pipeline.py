@@ -1,4 +1,4 @@
-"""The data pipeline: replay jobs and archive chunks."""
+"""The data pipeline: replay jobs, replay schedules and archive chunks."""
 
 from __future__ import annotations
 
@@ -24,6 +24,65 @@ class ReplayJobStatus(models.TextChoices):
     DONE = "done", "Done"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+
+
+class ReplaySchedule(models.Model):
+    """A saved replay that runs by the clock: each firing submits an ordinary
+    replay job of this spec (broker.pipeline.schedules). When it fires is
+    its periodic task's (django-celery-beat: a crontab in a time zone, or
+    an interval; enabled or paused), which beat reads from PostgreSQL.
+
+    Its jobs take only messages that entered their state at least
+    ``cool_off_minutes`` ago, that no schedule's job copied before
+    (Message.schedule_replayed_at), and whose generation is below
+    ``give_up_after``: a message that keeps failing is replayed that many
+    times over its copies, then stays where it is, given up."""
+
+    name = models.CharField(max_length=100)
+    source = models.CharField(max_length=16, choices=ReplaySource.choices)
+    source_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
+    filters = models.JSONField(default=dict, blank=True)
+    target_queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True)
+    rules_text = models.TextField(blank=True)
+    velocity = models.PositiveIntegerField(null=True, blank=True)
+    cool_off_minutes = models.PositiveIntegerField(default=0)
+    give_up_after = models.PositiveSmallIntegerField(default=3)
+    periodic_task = models.OneToOneField(
+        "django_celery_beat.PeriodicTask",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="replay_schedule",
+    )
+    # When beat last fired it (not a run now): a firing of the same slot
+    # again (a failover's new primary) is dropped.
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Deleted: it fires no more; its jobs and firings stay.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(deleted_at__isnull=True),
+                name="replay_schedule_name_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(give_up_after__gte=1), name="replay_schedule_give_up_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"replay schedule {self.name}"
+
+    @property
+    def enabled(self) -> bool:
+        return self.periodic_task is not None and self.periodic_task.enabled
 
 
 class ReplayJob(models.Model):
@@ -76,6 +135,15 @@ class ReplayJob(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    # The schedule whose firing submitted it, and the limits of its firing:
+    # only sources that entered their state before ``entered_before`` (the
+    # cool-off), with a generation below ``generation_below`` (the give-up
+    # limit), that no schedule's job copied before.
+    schedule = models.ForeignKey(
+        ReplaySchedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    entered_before = models.DateTimeField(null=True, blank=True)
+    generation_below = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # When its start (a Celery task) was last sent; null: not yet, or Redis
     # refused it (broker.services.job_starts).
@@ -120,6 +188,24 @@ class ReplayJob(models.Model):
             ReplayJobStatus.FAILED,
             ReplayJobStatus.CANCELLED,
         }
+
+
+class ScheduleFiring(models.Model):
+    """One firing of a replay schedule: the job it submitted, or why it
+    submitted none (``skipped``: the schedule's previous job still ran)."""
+
+    schedule = models.ForeignKey(ReplaySchedule, on_delete=models.CASCADE, related_name="firings")
+    fired_at = models.DateTimeField(db_default=Now())
+    # Run now by a user rather than by beat.
+    manual = models.BooleanField(default=False)
+    job = models.ForeignKey(ReplayJob, null=True, blank=True, on_delete=models.SET_NULL)
+    skipped = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"firing {self.id} of {self.schedule_id}"
 
 
 class ArchiveChunkStatus(models.TextChoices):

@@ -23,7 +23,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from broker.errors import ReplayJobBusy, ReplayJobNotFound
-from broker.models import Queue, QueueKind, ReplayJob, ReplayJobStatus, ReplaySource
+from broker.models import (
+    Queue,
+    QueueKind,
+    ReplayJob,
+    ReplayJobStatus,
+    ReplaySchedule,
+    ReplaySource,
+)
 from broker.pipeline.selection import ReplaySpec, replay_validate
 from broker.services.audit import Actor, audit_record
 from broker.services.transitions.replayed import messages_replay_staged
@@ -43,9 +50,13 @@ def _user(actor: Actor) -> Any:
 
 
 @transaction.atomic
-def replay_job_submit(*, spec: ReplaySpec, actor: Actor) -> ReplayJob:
-    """Check and queue a replay job; a worker launches its Spark job."""
+def replay_job_submit(
+    *, spec: ReplaySpec, actor: Actor, schedule: ReplaySchedule | None = None
+) -> ReplayJob:
+    """Check and queue a replay job (a firing of ``schedule``); a worker
+    launches its Spark job."""
     replay_validate(spec)
+    limits = spec.limits
     job = ReplayJob.objects.create(
         source=spec.source,
         source_queue=spec.source_queue,
@@ -55,12 +66,18 @@ def replay_job_submit(*, spec: ReplaySpec, actor: Actor) -> ReplayJob:
         velocity=spec.velocity,
         dry_run=spec.dry_run,
         created_by=_user(actor),
+        schedule=schedule,
+        entered_before=limits.entered_before if limits else None,
+        generation_below=limits.generation_below if limits else None,
     )
+    details: dict[str, Any] = {"job": job.id, "dry_run": spec.dry_run, "source": spec.source}
+    if schedule is not None:
+        details["schedule"] = schedule.name
     audit_record(
         action="replay_submit",
         actor=actor,
         queue_name=spec.target_queue or spec.source_queue,
-        details={"job": job.id, "dry_run": spec.dry_run, "source": spec.source},
+        details=details,
     )
     replay_job_submitted.send(sender=ReplayJob, job=job)
     return job
@@ -243,6 +260,7 @@ def replay_write_staged(
                 after=start,
                 upto=upto,
                 from_archive=job.source == ReplaySource.ARCHIVE,
+                scheduled=job.schedule_id is not None,
             )
             if start < upto
             else {}

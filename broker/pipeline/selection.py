@@ -61,6 +61,17 @@ class MessageSelection:
 
 
 @dataclass(frozen=True)
+class ScheduleLimits:
+    """What a replay schedule's job leaves alone besides its filter: sources
+    that entered their state at or after ``entered_before`` (the cool-off),
+    whose generation reached ``generation_below`` (given up), or that a
+    schedule's job copied before."""
+
+    entered_before: datetime
+    generation_below: int
+
+
+@dataclass(frozen=True)
 class ReplaySpec:
     """What a replay job does; see ReplayJob."""
 
@@ -71,9 +82,13 @@ class ReplaySpec:
     rules_text: str = ""
     velocity: int | None = None
     dry_run: bool = False
+    limits: ScheduleLimits | None = None
 
     @classmethod
     def of(cls, job: ReplayJob) -> ReplaySpec:
+        limits = None
+        if job.entered_before is not None and job.generation_below is not None:
+            limits = ScheduleLimits(job.entered_before, job.generation_below)
         return cls(
             source=job.source,
             source_queue=job.source_queue,
@@ -82,6 +97,7 @@ class ReplaySpec:
             rules_text=job.rules_text,
             velocity=job.velocity,
             dry_run=job.dry_run,
+            limits=limits,
         )
 
 

@@ -12,7 +12,7 @@ from django.db import connection
 from psycopg import sql
 
 from broker.models import ReplaySource
-from broker.pipeline.selection import ReplaySpec
+from broker.pipeline.selection import ReplaySpec, ScheduleLimits
 
 _SOURCE_STATES: dict[str, str] = {
     ReplaySource.BLACKLIST.value: "NDLV",
@@ -62,6 +62,8 @@ def source_predicate(spec: ReplaySpec, *, all_filters: bool) -> sql.Composed:
     if window.until:
         until = window.until.astimezone(UTC)
         parts.append(sql.SQL("m.created_at < {}").format(sql.Literal(until)))
+    if spec.limits is not None:
+        parts.append(_limits_predicate(spec.source, spec.limits))
     if all_filters:
         if window.reason:
             parts.append(
@@ -79,6 +81,18 @@ def source_predicate(spec: ReplaySpec, *, all_filters: bool) -> sql.Composed:
                 )
             )
     return sql.SQL(" AND ").join(parts)
+
+
+def _limits_predicate(source: str, limits: ScheduleLimits) -> sql.Composed:
+    """A schedule's job: sources in their state since before the cool-off
+    (a dead letter since it was dead-lettered), below the give-up
+    generation, not copied by a schedule's job before."""
+    entered = "m.enqueued_at" if source == ReplaySource.DEAD_LETTER else "m.updated_at"
+    return sql.SQL("{} < {} AND m.generation < {} AND m.schedule_replayed_at IS NULL").format(
+        sql.SQL(entered),
+        sql.Literal(limits.entered_before.astimezone(UTC)),
+        sql.Literal(limits.generation_below),
+    )
 
 
 def _render(query: sql.Composable) -> str:

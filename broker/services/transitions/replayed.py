@@ -1,6 +1,7 @@
-"""Replay writes copies of messages; the sources stay as they are. A copy is
-a new arrival on its target queue (TBDL, fresh counters) carrying its replay
-job and its source (replay_job_id, replay_source_id), written by one
+"""Replay writes copies of messages; the sources stay as they are (a replay
+schedule's job stamps them). A copy is a new arrival on its target queue
+(TBDL, fresh counters, its source's generation + 1) carrying its replay job
+and its source (replay_job_id, replay_source_id), written by one
 set-based statement from a replay job's staging rows. Archiving deletes
 delivered and failed messages once the archive holds them."""
 
@@ -27,14 +28,17 @@ _COPY = "payload, content_type, headers, priority, put_application, put_user"
 # be (a second driver of the job), the unique index message_replayed_once_idx
 # of broker_message_live refuses the insert as a whole. No ON CONFLICT
 # clause: its speculative insertion costs about a fifth of the write.
+#
+# A replay schedule's job (%(scheduled)s) also stamps each source it copied
+# (schedule_replayed_at), so that no schedule takes it again.
 _REPLAY_SQL = f"""
 WITH written AS (
     INSERT INTO broker_message (queue_id, {_COPY}, dead_letter, state, replay_job_id,
-                                replay_source_id, available_at, enqueued_at, created_at,
-                                updated_at)
+                                replay_source_id, generation, available_at, enqueued_at,
+                                created_at, updated_at)
     SELECT t.id, {{columns}},
            CASE WHEN s.keep_header THEN {{dead_letter}} END,
-           'TBDL', s.job_id, s.source_id, now(), now(), now(), now()
+           'TBDL', s.job_id, s.source_id, {{generation}}, now(), now(), now(), now()
     FROM (
         SELECT DISTINCT ON (source_id) * FROM broker_replaystage
         WHERE job_id = %(job)s AND source_id > %(after)s AND source_id <= %(upto)s
@@ -42,13 +46,19 @@ WITH written AS (
     ) AS s
     JOIN broker_queue AS t ON t.name = s.target
     {{source_join}}
-    RETURNING queue_id
+    RETURNING queue_id, replay_source_id
+), stamped AS (
+    UPDATE broker_message AS m SET schedule_replayed_at = now()
+    FROM written AS w
+    WHERE %(scheduled)s AND m.id = w.replay_source_id
+      AND m.id > %(after)s AND m.id <= %(upto)s
 )
 SELECT queue_id, count(*) FROM written GROUP BY queue_id
 """  # noqa: S608
 _FROM_HOT_SQL = _REPLAY_SQL.format(
     columns=", ".join(f"m.{column}" for column in _COPY.split(", ")),
     dead_letter="m.dead_letter",
+    generation="m.generation + 1",
     # The range again on the message's own key, so its rows come by the
     # primary key's range rather than from a scan of the table.
     source_join=(
@@ -64,6 +74,8 @@ _FROM_ARCHIVE_SQL = _REPLAY_SQL.format(
         "coalesce(s.put_application, ''), coalesce(s.put_user, '')"
     ),
     dead_letter="s.dead_letter::jsonb",
+    # The archive keeps no generation: its copies count as first replays.
+    generation="1",
     source_join="",
 )
 
@@ -74,19 +86,20 @@ WHERE m.id = ANY(%(ids)s) AND {guard(T.ARCHIVE)}
 
 
 def messages_replay_staged(
-    *, job_id: int, after: int, upto: int, from_archive: bool
+    *, job_id: int, after: int, upto: int, from_archive: bool, scheduled: bool = False
 ) -> dict[int, int]:
     """Write a copy (TBDL on its staged target, fresh counters, marked with
-    the job and its source) of each message job ``job_id`` staged with a
-    source id in (``after``, ``upto``], once each; sources staying as they
-    are. A live copy by the job of one of them (a second driver of the job)
+    the job and its source, one generation on from its source) of each
+    message job ``job_id`` staged with a source id in (``after``, ``upto``],
+    once each; sources staying as they are, but for the stamp of a
+    schedule's job (``scheduled``). A live copy by the job of one of them (a second driver of the job)
     fails the write as a whole with IntegrityError. An internal move: no
     max-messages limit refuses it. Runs in the caller's transaction, which
     stores the job's mark (``broker.pipeline.replay.replay_write_staged``);
     returns the messages written per target queue id."""
     sql = _FROM_ARCHIVE_SQL if from_archive else _FROM_HOT_SQL
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"job": job_id, "after": after, "upto": upto})
+        cursor.execute(sql, {"job": job_id, "after": after, "upto": upto, "scheduled": scheduled})
         return dict(cursor.fetchall())
 
 
