@@ -35,16 +35,23 @@ def free_port() -> int:
 
 
 def wait_until(
-    condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1, what: str = ""
+    condition: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str | Callable[[], str] = "",
 ) -> T:
-    """Poll ``condition`` until it returns something truthy; return that."""
+    """Poll ``condition`` until it returns something truthy; return that.
+    ``what`` names it in the error, or makes the name then (a process's log
+    as it is at the time)."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+            named = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {named or condition}")
         time.sleep(interval)
 
 

@@ -167,13 +167,16 @@ def start_workers(
     """Start Celery worker processes on the test database; stopped at the end."""
     started: list[Workers] = []
 
-    def start(concurrency: int = 2, pipeline: bool = False, **extra_env: str) -> Workers:
+    def start(
+        concurrency: int = 2, pipeline: bool = False, beat: bool = True, **extra_env: str
+    ) -> Workers:
         workers = Workers(
             directory=tmp_path,
             broker_url=redis_server.url,
             concurrency=concurrency,
             extra_env=extra_env,
             pipeline=pipeline,
+            beat=beat,
         )
         started.append(workers)
         workers.start()

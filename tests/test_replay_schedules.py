@@ -7,6 +7,7 @@ runs them for real)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -81,6 +82,9 @@ def orders(db):
         ({"timing": Timing(cron="0 24 * * *")}, "cron"),
         ({"timing": Timing(cron="0 9 * * * *")}, "cron"),
         ({"timing": Timing(cron="")}, "cron"),
+        ({"timing": Timing(cron="1,,2 * * * *")}, "cron"),
+        ({"timing": Timing(cron="0 0 31 2 *")}, "cron"),
+        ({"timing": Timing(cron="0 9 * * *", time_zone="localtime")}, "time_zone"),
         ({"timing": Timing(cron="0 9 * * *", time_zone="Europe/Pariss")}, "time_zone"),
         ({"timing": Timing(every_seconds=0)}, "every_seconds"),
         ({"timing": Timing(every_seconds=365 * 24 * 3600 + 1)}, "every_seconds"),
@@ -117,7 +121,7 @@ def test_a_name_another_schedule_has_is_a_conflict_until_that_one_is_deleted(ord
 
     assert refused.value.field_errors == {"name": ["Another schedule has this name."]}
     assert again.name == first.name
-    assert PeriodicTask.objects.count() == 1
+    assert PeriodicTask.objects.filter(enabled=True).count() == 1
 
 
 def test_a_schedule_is_a_periodic_task_beat_reads(orders):
@@ -216,6 +220,31 @@ def test_beat_fires_a_paris_crontab_at_its_wall_clock_times_across_daylight_savi
     assert scheduler.sent == [utc(2026, 3, 28, 8), utc(2026, 3, 29, 7), utc(2026, 3, 30, 7)]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_beat_sees_a_schedule_saved_paused_and_resumed_while_it_runs():
+    """Beat started before any schedule was saved; the schedule's pause
+    comes after beat stored a run on its periodic task."""
+    queue_create(name="ORDERS.IN", consumer="log")
+    scheduler = Recording(app, duties={}, lazy=False)
+    scheduler.sent = []
+    scheduler.tick()
+
+    def ticks_for(seconds: float) -> int:
+        sent = len(scheduler.sent)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(min(max(scheduler.tick(), 0.0), 0.05))
+        return len(scheduler.sent) - sent
+
+    schedule = create(timing=Timing(every_seconds=1))
+    assert ticks_for(2.6) >= 1
+    schedule_pause(schedule_id=schedule.id, actor=None)
+    ticks_for(1.1)  # a change is seen within CHANGE_CHECK_SECONDS
+    assert ticks_for(2.2) == 0
+    schedule_resume(schedule_id=schedule.id, actor=None)
+    assert ticks_for(2.6) >= 1
+
+
 # --- what a firing does ----------------------------------------------------------------------
 
 
@@ -290,7 +319,7 @@ def test_pause_stops_firings_resume_restarts_them_and_delete_keeps_the_jobs(orde
     assert paused is None
     assert deleted is None
     assert list(ReplayJob.objects.values_list("schedule_id", flat=True)) == [schedule.id]
-    assert not PeriodicTask.objects.exists()
+    assert not PeriodicTask.objects.filter(enabled=True).exists()
     events = AuditEvent.objects.exclude(action="queue_create").order_by("id")
     assert [event.action for event in events] == [
         "schedule_create",

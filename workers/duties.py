@@ -123,7 +123,13 @@ class DutiesAndSchedules(_DatabaseScheduler):
         if self._read_again:
             self._read_again = False
             return True
-        return bool(super().schedule_changed())
+        before = self._last_timestamp
+        # django-celery-beat compares each change stamp with the one before,
+        # so the first stamp ever (the first schedule saved after beat
+        # started on an empty table) would pass unseen.
+        return bool(super().schedule_changed()) or (
+            before is None and self._last_timestamp is not None
+        )
 
     def reserve(self, entry: Any) -> Any:
         if entry.name in self._duty_entries:

@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from celery import schedules
+from celery.schedules import ParseException
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch, Q
 from django.utils import timezone
@@ -103,7 +104,9 @@ class Timing:
 
 @cache
 def time_zones() -> frozenset[str]:
-    return frozenset(zoneinfo.available_timezones())
+    """The IANA time zones, without the two that name no place: the
+    server's own clock (localtime) and a build machine's (Factory)."""
+    return frozenset(zoneinfo.available_timezones() - {"localtime", "Factory"})
 
 
 def timing_problems(timing: Timing) -> dict[str, list[str]]:
@@ -126,8 +129,13 @@ def timing_problems(timing: Timing) -> dict[str, list[str]]:
     else:
         try:
             schedules.crontab(*_in_celery_order(fields))
-        except ValueError as error:
+        except (ValueError, ParseException) as error:
             errors["cron"] = [f"Not a valid cron line: {error}"]
+    if "cron" not in errors and timing.time_zone in time_zones():
+        try:
+            next_firings(timing, after=timezone.now(), count=1)
+        except RuntimeError:  # celery's search for the next time gave up
+            errors["cron"] = ["This cron line names no time that ever comes (31 February?)."]
     if timing.time_zone not in time_zones():
         errors["time_zone"] = [f"{timing.time_zone!r} is not a time zone (Europe/Paris, UTC, ...)."]
     return errors
@@ -440,13 +448,15 @@ def _set_enabled(schedule_id: int, *, enabled: bool, actor: Actor) -> ReplaySche
 
 @transaction.atomic
 def schedule_delete(*, schedule_id: int, actor: Actor) -> ReplaySchedule:
-    """Stop a schedule for good: its periodic task goes, its jobs and
-    firings stay (and its name is free again)."""
+    """Stop a schedule for good: its periodic task is disabled (it keeps
+    the timing the schedule had), its jobs and firings stay, and its name
+    is free again."""
     schedule = _live(schedule_id)
     schedule.deleted_at = timezone.now()
     schedule.save(update_fields=["deleted_at"])
     if schedule.periodic_task is not None:
-        schedule.periodic_task.delete()
+        schedule.periodic_task.enabled = False
+        schedule.periodic_task.save(update_fields=["enabled"])
     audit_record(
         action="schedule_delete",
         actor=actor,
@@ -596,8 +606,11 @@ def next_firing(schedule: ReplaySchedule, *, now: datetime | None = None) -> dat
     now = now or timezone.now()
     timing = timing_of(schedule)
     task = schedule.periodic_task
-    if not timing.is_cron and task is not None and task.last_run_at is not None:
-        return max(now, task.last_run_at + timedelta(seconds=timing.every_seconds or 1))
+    if not timing.is_cron and task is not None:
+        # Beat counts an interval from the last run, or from the task's
+        # last change when it has none.
+        since = task.last_run_at or task.date_changed
+        return max(now, since + timedelta(seconds=timing.every_seconds or 1))
     [following] = next_firings(timing, after=now, count=1)
     return following
 
