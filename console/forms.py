@@ -5,13 +5,14 @@ fields they name (``console.views.common.service_errors``)."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Self
 
 from django import forms
 from django.conf import settings
 from django.http import QueryDict
 
 from broker.consumers import handler_names
+from broker.errors import InvalidInput
 from broker.models import (
     MAX_WEBHOOK_SECRET_LENGTH,
     MIN_WEBHOOK_SECRET_LENGTH,
@@ -21,6 +22,14 @@ from broker.models import (
     Queue,
     QueueKind,
     ReplaySource,
+)
+from broker.pipeline.schedules import (
+    DEFAULT_GIVE_UP_AFTER,
+    NAME_MAX_LENGTH,
+    SCHEDULE_SOURCES,
+    ScheduleSpec,
+    Timing,
+    timing_problems,
 )
 from broker.pipeline.selection import (
     MAX_TEXT_FILTER,
@@ -358,6 +367,9 @@ class ReplayForm(WindowForm):
         required=False,
         empty_label="—",
         help_text="The dead-letter queue to read, for a dead-letter source.",
+        error_messages={
+            "invalid_choice": "%(value)s is not a dead-letter queue: choose one of the list."
+        },
     )
     queues = forms.CharField(
         max_length=2000,
@@ -398,7 +410,7 @@ class ReplayForm(WindowForm):
     )
 
     @classmethod
-    def prefilled(cls, query: QueryDict) -> ReplayForm:
+    def prefilled(cls, query: QueryDict) -> Self:
         """An unbound form showing the query string's values (an archive
         search's "Replay these"); a value that does not parse is left out."""
         form = cls()
@@ -431,7 +443,146 @@ class ReplayForm(WindowForm):
             target_queue=data["target_queue"],
             rules_text=data["rules_text"],
             velocity=data["velocity"],
-            dry_run=data["dry_run"],
+            dry_run=data.get("dry_run", False),
+        )
+
+
+class TimingForm(forms.Form):
+    """When a replay schedule fires, as typed: a cron line in a time zone,
+    or an interval. The schedule service says what is wrong with it
+    (``timing_problems``), by these field names."""
+
+    cron = forms.CharField(
+        max_length=200,
+        required=False,
+        label="Cron line",
+        help_text="Five fields: minute hour day-of-month month day-of-week, e.g. 0 3 * * * "
+        "(03:00 every day). Blank when an interval is given.",
+        widget=forms.TextInput(attrs={"class": "code", "spellcheck": "false"}),
+    )
+    time_zone = forms.CharField(
+        max_length=100,
+        required=False,
+        help_text="The zone whose wall clock the cron line follows (an IANA name such as "
+        "Europe/Paris); blank: UTC.",
+        widget=forms.TextInput(attrs={"list": "time-zones", "autocomplete": "off"}),
+    )
+    every_seconds = forms.IntegerField(
+        required=False,
+        label="Or every (seconds)",
+        help_text="An interval instead of a cron line, from 1 s to a year.",
+    )
+
+    def timing(self) -> Timing:
+        data = self.cleaned_data
+        return Timing(
+            cron=data["cron"],
+            time_zone=data["time_zone"] or "UTC",
+            every_seconds=data["every_seconds"],
+        )
+
+
+class ScheduleForm(ReplayForm, TimingForm):
+    """A replay schedule: the replay form's fields (never a dry run, and
+    only the sources a schedule reads), its name, timing, cool-off, give-up
+    limit and whether it is enabled. The replay part is parsed as a replay
+    job's is; the schedule service checks the rest."""
+
+    name = forms.CharField(max_length=NAME_MAX_LENGTH, help_text="Unique among the schedules.")
+    source = forms.ChoiceField(
+        choices=[
+            (value, label) for value, label in ReplaySource.choices if value in SCHEDULE_SOURCES
+        ],
+        initial=ReplaySource.DEAD_LETTER,
+    )
+    cool_off_minutes = forms.IntegerField(
+        initial=0,
+        label="Cool-off (minutes)",
+        help_text="Only messages dead (or blacklisted, or failed) at least this long are replayed.",
+    )
+    give_up_after = forms.IntegerField(
+        initial=DEFAULT_GIVE_UP_AFTER,
+        label="Give up after (replays)",
+        help_text="A message replayed this many times over its copies is left where it is, "
+        "marked given up.",
+    )
+    enabled = forms.BooleanField(
+        required=False, initial=True, help_text="Unticked: saved paused; resume it later."
+    )
+
+    field_order = [
+        "name",
+        *ReplayForm.base_fields,
+        *TimingForm.base_fields,
+        "cool_off_minutes",
+        "give_up_after",
+        "enabled",
+    ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.fields["dry_run"]  # a schedule writes: preview with a one-off dry run
+
+    @classmethod
+    def of(cls, spec: ScheduleSpec) -> ScheduleForm:
+        """An unbound form showing a saved schedule's spec."""
+        replay, selection, timing = spec.replay, spec.replay.filter, spec.timing
+        return cls(
+            initial={
+                "name": spec.name,
+                "source": replay.source,
+                "source_queue": replay.source_queue,
+                "queues": " ".join(selection.queues),
+                "reason": selection.reason,
+                "since": selection.since,
+                "until": selection.until,
+                "header": selection.header,
+                "payload_text": selection.payload_text,
+                "target_queue": replay.target_queue,
+                "rules_text": replay.rules_text,
+                "velocity": replay.velocity,
+                "cron": timing.cron,
+                "time_zone": timing.time_zone,
+                "every_seconds": timing.every_seconds,
+                "cool_off_minutes": spec.cool_off_minutes,
+                "give_up_after": spec.give_up_after,
+                "enabled": spec.enabled,
+            }
+        )
+
+    def replay_fields(self) -> list[forms.BoundField]:
+        """Its name and what it replays: the fields before its timing."""
+        return [
+            self["name"],
+            *(self[name] for name in ReplayForm.base_fields if name in self.fields),
+        ]
+
+    def timing_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in TimingForm.base_fields]
+
+    def limit_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in ("cool_off_minutes", "give_up_after", "enabled")]
+
+    def schedule_spec(self) -> ScheduleSpec:
+        """The schedule the valid form describes. Its replay part is parsed
+        first, as a replay job's (``spec``: InvalidInput naming its fields);
+        that refusal carries the timing's problems too, so one post shows
+        both. The schedule service checks the whole when it saves."""
+        data = self.cleaned_data
+        timing = self.timing()
+        try:
+            replay = self.spec()
+        except InvalidInput as error:
+            raise InvalidInput(
+                error.detail, field_errors={**error.field_errors, **timing_problems(timing)}
+            ) from error
+        return ScheduleSpec(
+            name=data["name"],
+            replay=replay,
+            timing=timing,
+            cool_off_minutes=data["cool_off_minutes"],
+            give_up_after=data["give_up_after"],
+            enabled=data["enabled"],
         )
 
 

@@ -19,6 +19,7 @@ from console.views import (
     ops,
     queues,
     replay,
+    schedules,
     time_zones,
     tokens,
     topics,
@@ -27,6 +28,7 @@ from console.views import (
 )
 
 MESSAGE = "messages/<int:message_id>/"
+SCHEDULE = "replay/schedules/<int:schedule_id>/"
 DLQ = "dead-letters/<path:name>/"
 
 urlpatterns = [
@@ -72,6 +74,15 @@ urlpatterns = [
     path("replay/<int:job_id>/", replay.replay_job_page, name="replay-job"),
     path("replay/<int:job_id>/cancel/", replay.replay_job_cancel_view, name="replay-cancel"),
     path("replay/<int:job_id>/run/", replay.replay_job_run_view, name="replay-run"),
+    path("replay/schedules/", schedules.schedules, name="schedules"),
+    path("replay/schedules/new/", schedules.schedule_new, name="schedule-new"),
+    path("replay/schedules/firings/", schedules.schedule_firings, name="schedule-firings"),
+    path(SCHEDULE, schedules.schedule_page, name="schedule"),
+    path(f"{SCHEDULE}edit/", schedules.schedule_edit, name="schedule-edit"),
+    path(f"{SCHEDULE}pause/", schedules.schedule_pause_view, name="schedule-pause"),
+    path(f"{SCHEDULE}resume/", schedules.schedule_resume_view, name="schedule-resume"),
+    path(f"{SCHEDULE}run/", schedules.schedule_run_view, name="schedule-run"),
+    path(f"{SCHEDULE}delete/", schedules.schedule_delete_view, name="schedule-delete"),
     path("archive/", archive.archive, name="archive"),
     path("ha/", ha.ha, name="ha"),
     path("ha/switchover/", ha.ha_switchover_view, name="ha-switchover"),

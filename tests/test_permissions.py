@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 
 from broker.models import DivergedExport, Queue
 from broker.pipeline.replay import replay_job_submit
+from broker.pipeline.schedules import ScheduleSpec, Timing, schedule_create
 from broker.pipeline.selection import ReplaySpec
 from broker.services.bulk import bulk_job_submit
 from broker.services.rule_tables import rule_table_create
@@ -44,7 +45,7 @@ def route(name: str, path: str, **least: Role | None) -> list[Row]:
 
 # route(URL name, path, METHOD=least role, ...). {m} a blacklisted message,
 # {t} a rule table, {r} a replay job, {j} a bulk job, {k} an API token, {x} an
-# export of diverged messages.
+# export of diverged messages, {s} a replay schedule.
 CONSOLE: list[Row] = [
     *route("dashboard", "/", GET=VIEWER),
     *route("topics", "/topics/", GET=VIEWER),
@@ -87,6 +88,15 @@ CONSOLE: list[Row] = [
     *route("replay-job", "/replay/{r}/", GET=VIEWER),
     *route("replay-cancel", "/replay/{r}/cancel/", POST=OPERATOR),
     *route("replay-run", "/replay/{r}/run/", POST=OPERATOR),
+    *route("schedules", "/replay/schedules/", GET=VIEWER),
+    *route("schedule-new", "/replay/schedules/new/", GET=OPERATOR, POST=OPERATOR),
+    *route("schedule-firings", "/replay/schedules/firings/", GET=VIEWER),
+    *route("schedule", "/replay/schedules/{s}/", GET=VIEWER),
+    *route("schedule-edit", "/replay/schedules/{s}/edit/", GET=OPERATOR, POST=OPERATOR),
+    *route("schedule-pause", "/replay/schedules/{s}/pause/", POST=OPERATOR),
+    *route("schedule-resume", "/replay/schedules/{s}/resume/", POST=OPERATOR),
+    *route("schedule-run", "/replay/schedules/{s}/run/", POST=OPERATOR),
+    *route("schedule-delete", "/replay/schedules/{s}/delete/", POST=OPERATOR),
     *route("archive", "/archive/", GET=VIEWER),
     *route("ha", "/ha/", GET=VIEWER),
     *route("ha-switchover", "/ha/switchover/", POST=ADMIN),
@@ -201,7 +211,23 @@ def world(admin) -> dict[str, int]:
     bulk = bulk_job_submit(action="fail", actor=admin, message_ids=[message])
     token, _ = token_create(user=admin, name="some token")
     export = DivergedExport.objects.create(node="B", path="/nonexistent.jsonl", messages=1)
-    return {"m": message, "t": table.id, "r": job.id, "j": bulk.id, "k": token.id, "x": export.id}
+    schedule = schedule_create(
+        spec=ScheduleSpec(
+            name="nightly",
+            replay=ReplaySpec(source="dead_letter", source_queue=DLQ),
+            timing=Timing(every_seconds=3600),
+        ),
+        actor=admin,
+    )
+    return {
+        "m": message,
+        "t": table.id,
+        "r": job.id,
+        "j": bulk.id,
+        "k": token.id,
+        "x": export.id,
+        "s": schedule.id,
+    }
 
 
 def caller(role: Role | None, api: bool) -> Client:

@@ -1,7 +1,8 @@
 """Dead-letter queues: where triage starts (every queue's depth, waiting
-messages by reason and origin, rules and last scan); retry,
-forward or discard one; apply the active rules now; and the rules table
-editor with its versions, activation and rollback."""
+messages by reason and origin, rules and last scan); the replay schedules
+reading a queue and the messages they gave up on; retry, forward or
+discard one; apply the active rules now; and the rules table editor with
+its versions, activation and rollback."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.models import Queue, RuleTable
+from broker.pipeline.schedules import given_up_by, schedules_reading
 from broker.selectors import (
     NO_HEADER,
     MessageFilter,
@@ -68,13 +70,22 @@ def dead_letter_queues(request: HttpRequest) -> HttpResponse:
 def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
     queue = found(dead_letter_queue_get, name=name)
     before = request.GET.get("before", "")
+    waiting = messages_page(
+        filters=MessageFilter(queue=queue.name, state="TBDL"),
+        before=int(before) if before.isdigit() else None,
+    )
+    schedules = schedules_reading(queue.name)
+    by_name = {schedule.name: schedule for schedule in schedules}
     context = {
         "queue": queue,
         "groups": dead_letter_groups(queue=queue),
-        "page": messages_page(
-            filters=MessageFilter(queue=queue.name, state="TBDL"),
-            before=int(before) if before.isdigit() else None,
-        ),
+        "page": waiting,
+        # Each message with the schedules that gave up on it.
+        "rows": [
+            (message, [by_name[name] for name in given_up_by(schedules, message.generation)])
+            for message in waiting.messages
+        ],
+        "schedules": schedules,
         "active": active_rule_table(queue=queue),
         "targets": queue_names(exclude=queue),
     }

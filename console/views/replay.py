@@ -94,10 +94,11 @@ def _sample(job: ReplayJob) -> tuple[list[str], list[list[tuple[Any, str]]]]:
     return columns, [[cell(name, row.get(name)) for name in columns] for row in job.sample]
 
 
-def _filters(job: ReplayJob) -> list[tuple[str, str]]:
+def filter_rows(filters: dict[str, Any]) -> list[tuple[str, str]]:
+    """A stored filter (a job's or a schedule's) as (label, value) rows."""
     return [
         (name.replace("_", " "), ", ".join(value) if isinstance(value, list) else str(value))
-        for name, value in job.filters.items()
+        for name, value in filters.items()
     ]
 
 
@@ -112,7 +113,7 @@ def replay_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
         "per_rule": _per_rule(job),
         "sample_columns": columns,
         "sample_rows": rows,
-        "filters": _filters(job),
+        "filters": filter_rows(job.filters),
     }
     return page(request, "console/replay_job.html", "replay-progress", context)
 
