@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from broker.models import RuleTable
+from broker.models import ReplaySchedule, RuleTable
 from broker.selectors import queue_summaries
 from broker.services.queues import queue_create
 
@@ -140,6 +140,8 @@ def test_the_demo_can_run_twice(demo, capsys):
     assert "already exist" in capsys.readouterr().out
     assert len(queue_summaries()) == 5
     assert RuleTable.objects.count() == 1
+    [schedule] = ReplaySchedule.objects.all()
+    assert (schedule.name, schedule.enabled) == ("retry-failed-orders", False)
 
 
 @pytest.mark.django_db(transaction=True)

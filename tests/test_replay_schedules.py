@@ -52,7 +52,7 @@ from broker.services.queues import queue_create, queue_delete
 from tests.support.messages import SYSTEM_DEAD_LETTER_QUEUE as DLQ
 from tests.support.messages import dead_lettered
 from workers.celery import app
-from workers.duties import PhasedScheduler
+from workers.duties import EpochScheduler, PhasedScheduler
 
 PARIS = ZoneInfo("Europe/Paris")
 EVERY_2_S = Timing(every_seconds=2)
@@ -199,15 +199,28 @@ class Recording(PhasedScheduler):
         self.sent.append(timezone.now())
 
 
+class RecordingNode(EpochScheduler):
+    """A primary broker node's scheduler, its sends recorded."""
+
+    sent: list[datetime]
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        self.sent.append(timezone.now())
+
+
+@pytest.fixture
+def one_session(monkeypatch):
+    """The test's database session kept as the clock jumps (none ages out)."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", None)
+    monkeypatch.setattr(connection, "close_at", None)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_beat_fires_a_paris_crontab_at_its_wall_clock_times_across_daylight_saving(monkeypatch):
+def test_beat_fires_a_paris_crontab_at_its_wall_clock_times_across_daylight_saving(one_session):
     """Beat's scheduler (the one `celery beat` runs) over three days around
     the change, the clock moved every half hour: it fires at 09:00 in
     Paris each day, which is an hour earlier in UTC after the change."""
     queue_create(name="ORDERS.IN", consumer="log")
-    # One session throughout: none ages out as the clock jumps.
-    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", None)
-    monkeypatch.setattr(connection, "close_at", None)
     with time_machine.travel(utc(2026, 3, 27, 12), tick=False) as clock:
         create(timing=Timing(cron="0 9 * * *", time_zone="Europe/Paris"))
         scheduler = Recording(app, duties={}, lazy=False)
@@ -218,6 +231,28 @@ def test_beat_fires_a_paris_crontab_at_its_wall_clock_times_across_daylight_savi
             scheduler.tick()
 
     assert scheduler.sent == [utc(2026, 3, 28, 8), utc(2026, 3, 29, 7), utc(2026, 3, 30, 7)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_primary_does_not_send_again_the_slot_the_old_one_sent(one_session):
+    """A failover: the new primary's scheduler reads the schedule's last
+    run, which the old one stored as it sent the slot."""
+    queue_create(name="ORDERS.IN", consumer="log")
+    with time_machine.travel(utc(2026, 3, 27, 12, 0, 30), tick=False) as clock:
+        create(timing=Timing(cron="* * * * *"))
+        old = RecordingNode(app, duties={}, epoch=1, lazy=False)
+        old.sent = []
+        clock.shift(timedelta(seconds=30.5))
+        old.tick()
+        new = RecordingNode(app, duties={}, epoch=2, lazy=False)
+        new.sent = []
+        clock.shift(timedelta(seconds=1))
+        new.tick()
+        clock.shift(timedelta(seconds=59))
+        new.tick()
+
+    assert old.sent == [utc(2026, 3, 27, 12, 1, 0, 500_000)]
+    assert new.sent == [utc(2026, 3, 27, 12, 2, 0, 500_000)]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,5 @@
-"""Load a realistic demo: queues, messages in every state, and users."""
+"""Load a realistic demo: queues, messages in every state, a draft rules
+table, a paused replay schedule, and users."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from broker.consumers import handler_names
-from broker.models import Message, MessageState, Queue
+from broker.models import Message, MessageState, Queue, ReplaySource
+from broker.pipeline.schedules import ScheduleSpec, Timing, schedule_create
+from broker.pipeline.selection import MessageSelection, ReplaySpec
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.rule_tables import rule_table_create
@@ -106,6 +109,22 @@ class Command(BaseCommand):
         rule_table_create(
             queue=Queue.objects.get(name="SYSTEM.DEAD.LETTER.QUEUE"),
             text=DEMO_RULES,
+        )
+        # A replay schedule for the orders that failed, left paused: resume
+        # it to have them put back every half hour, three times at most.
+        schedule_create(
+            spec=ScheduleSpec(
+                name="retry-failed-orders",
+                replay=ReplaySpec(
+                    source=ReplaySource.DEAD_LETTER,
+                    source_queue="SYSTEM.DEAD.LETTER.QUEUE",
+                    filter=MessageSelection(queues=("ORDERS.IN",), reason="handler_error"),
+                ),
+                timing=Timing(cron="*/30 * * * *", time_zone="Europe/Paris"),
+                cool_off_minutes=10,
+                enabled=False,
+            ),
+            actor=None,
         )
         _publish_poison_messages()
 
