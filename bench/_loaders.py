@@ -137,6 +137,7 @@ def dead_letter_queue(
 
 REPLAY_UNDO_SQL = (
     "DELETE FROM broker_message WHERE queue_id = %(queue)s",
+    "DELETE FROM broker_schedulefiring",
     "DELETE FROM broker_replayjob",
     "TRUNCATE broker_replaystage",
 )
@@ -145,7 +146,7 @@ REPLAY_UNDO_SQL = (
 def replay_undo(url: str, queue_id: int) -> None:
     """Deletes, in one transaction, what a replay wrote: every message of the
     queue it replayed to (the copies, which carry their job), the replay
-    jobs and their staging table. The replay bench moves the same dead letters
+    jobs (and the schedule firings that name them) and their staging table. The replay bench moves the same dead letters
     four ways and undoes each before the next; no service takes a replay
     back, and the dead letters themselves stay as they were."""
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():

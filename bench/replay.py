@@ -27,6 +27,7 @@ from bench import _harness as harness
 from bench import _spark
 from bench._celery import private_redis
 from bench._loaders import copy_batch, dead_letter_queue, replay_undo
+from bench._replay_firings import FIRINGS, TARGET_P99_SECONDS, Firings, run_firings
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ORIGIN = "BENCH.REPLAY.ORIGIN"
@@ -101,6 +102,7 @@ class Options:
     orm_sample: int
     spark_timeout: int = SPARK_TIMEOUT_SECONDS
     warmup_messages: int = WARMUP_MESSAGES
+    firings: int = FIRINGS
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             WARMUP_MESSAGES,
             f"dead letters of the warm-up job on the Spark Connect server (default "
             f"{WARMUP_MESSAGES})",
+        ),
+        firings=(
+            harness.positive_int,
+            FIRINGS,
+            f"firings of a replay schedule timed from due time to first write (default {FIRINGS})",
         ),
     ).parse_args(argv)
     args.orm_sample = min(args.orm_sample, args.messages)
@@ -525,6 +532,7 @@ class Figures:
     spark: dict[str, SparkTimes] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     warmup: harness.Timed | None = None
+    firings: Firings | None = None
     # The 1-minute load average at the start and at the end of the ways.
     load: dict[str, float] = field(default_factory=dict)
 
@@ -575,6 +583,21 @@ def run_all(options: Options, bench_url: str) -> Figures:
                     bench_url, setup.main, options.spark_timeout, "connect", "spark_connect"
                 )
                 figures.results["spark_connect"] = result
+                harness.log(
+                    f"firings: {options.firings} firings of a replay schedule, its jobs on {remote}"
+                )
+                figures.firings = run_firings(
+                    bench_url,
+                    redis_server.url,
+                    remote,
+                    Path(directory) / "firings",
+                    count=options.firings,
+                    size=options.size,
+                )
+                harness.log(
+                    f"firings: p50 {figures.firings.p50:.2f}s, p99 {figures.firings.p99:.2f}s "
+                    f"from due time to first write, {figures.firings.skipped} skipped"
+                )
             spark_mode("classic", None)
             reset(setup)
             harness.log(
@@ -632,6 +655,8 @@ def verdicts(figures: Figures) -> dict[str, str]:
         judged[f"{mode}_vs_orm"] = harness.verdict(
             found[f"{mode}_vs_orm"] >= TARGETS["spark_vs_orm"]
         )
+    if figures.firings is not None:
+        judged["schedule_firing_p99"] = harness.verdict(figures.firings.on_target)
     return judged
 
 
@@ -685,9 +710,14 @@ def summary(options: Options, figures: Figures) -> dict[str, Any]:
         "first_write_definition": FIRST_WRITE_DEFINITION,
         "sqs_redrive_msgs_per_s": SQS_REDRIVE_MSGS_PER_S,
         "spark_vs_sqs_redrive": round(fastest / SQS_REDRIVE_MSGS_PER_S, 1),
+        "schedule_firings": figures.firings.summary() if figures.firings else None,
         "load_average": dict(figures.load),
         "verdicts": verdicts(figures),
-        "targets": {**TARGETS, "end_to_end_slack_seconds": END_TO_END_SLACK_SECONDS},
+        "targets": {
+            **TARGETS,
+            "end_to_end_slack_seconds": END_TO_END_SLACK_SECONDS,
+            "schedule_firing_p99_seconds": TARGET_P99_SECONDS,
+        },
         "spark": figures.config,
     }
 
@@ -786,6 +816,16 @@ def print_targets(figures: Figures) -> None:
                 f">= {TARGETS['spark_vs_orm']:g} {judged[f'{mode}_vs_orm']}",
             ],
         ]
+    firings = figures.firings
+    if firings is not None:
+        rows.append(
+            [
+                "schedule_firing_p99",
+                f"{firings.p99:.2f} s (p50 {firings.p50:.2f}, {len(firings.delays)} firings, "
+                f"{firings.skipped} skipped)",
+                f"<= {TARGET_P99_SECONDS:g} s {judged['schedule_firing_p99']}",
+            ]
+        )
     harness.table(["target", "value", "target"], rows, align="<><")
     print()
 

@@ -4,11 +4,13 @@ for the warm Spark Connect and cold classic modes, and its JSON summary."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from bench import replay
 from bench._harness import BenchError, Timed
+from bench._replay_firings import Firings, due_times
 from bench.replay import Figures, Options, SparkTimes
 from tests.support.arguments import usage_error
 
@@ -208,3 +210,41 @@ def test_the_job_watcher_names_the_replay_statements() -> None:
     assert replay.classify_replay("x", "INSERT INTO broker_replaystage ...") == "stage_load"
     assert replay.classify_replay("PostgreSQL JDBC Driver", "SELECT 1") == "jdbc_read"
     assert replay.classify_replay("x", "SELECT 1") is None
+
+
+# --- a replay schedule's firings ---------------------------------------------------------
+
+
+def firings(delays: list[float], skipped: int = 0) -> Firings:
+    return Firings(delays=delays, skipped=skipped, every=6, messages=100)
+
+
+def test_each_firing_is_due_an_interval_after_the_previous_send() -> None:
+    saved = datetime(2026, 11, 29, 7, 0, 0, tzinfo=UTC)
+    sent = [saved + timedelta(seconds=s) for s in (6.1, 12.3, 18.2)]
+
+    dues = due_times(saved, sent, 6)
+
+    assert [(due - saved).total_seconds() for due in dues] == [6.0, 12.1, 18.3]
+
+
+def test_the_firings_p99_is_the_slowest_of_twenty_and_judged_against_three_seconds() -> None:
+    twenty = firings([1.0] * 18 + [2.0, 2.9])
+    slow = firings([1.0] * 19 + [3.2])
+
+    assert (twenty.p50, twenty.p99) == (1.0, 2.9)
+    assert twenty.on_target
+    assert not slow.on_target
+    assert not firings([1.0] * 20, skipped=1).on_target
+
+
+def test_the_summary_and_the_report_carry_the_firings() -> None:
+    made = figures()
+    made.firings = firings([1.0] * 19 + [2.5])
+
+    found = replay.summary(options(), made)
+
+    assert found["schedule_firings"]["p99_seconds"] == 2.5
+    assert found["schedule_firings"]["firings"] == 20
+    assert found["verdicts"]["schedule_firing_p99"] == "PASS"
+    assert found["targets"]["schedule_firing_p99_seconds"] == 3.0

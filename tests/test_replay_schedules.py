@@ -83,6 +83,7 @@ def orders(db):
         ({"timing": Timing(cron="0 9 * * * *")}, "cron"),
         ({"timing": Timing(cron="")}, "cron"),
         ({"timing": Timing(cron="1,,2 * * * *")}, "cron"),
+        ({"timing": Timing(cron=",".join(["1"] * 200) + " * * * *")}, "cron"),
         ({"timing": Timing(cron="0 0 31 2 *")}, "cron"),
         ({"timing": Timing(cron="0 9 * * *", time_zone="localtime")}, "time_zone"),
         ({"timing": Timing(cron="0 9 * * *", time_zone="Europe/Pariss")}, "time_zone"),

@@ -126,6 +126,12 @@ def timing_problems(timing: Timing) -> dict[str, list[str]]:
             "A cron line has five fields (minute hour day-of-month month day-of-week); "
             f"this one has {len(fields)}."
         ]
+    elif too_long := [
+        name
+        for name, value in zip(CRON_FIELDS, fields, strict=True)
+        if len(value) > CrontabSchedule._meta.get_field(name).max_length
+    ]:
+        errors["cron"] = [f"The {too_long[0].replace('_', ' ')} field is too long."]
     else:
         try:
             schedules.crontab(*_in_celery_order(fields))
