@@ -37,6 +37,7 @@ from broker.pipeline.schedules import (
     ScheduleSpec,
     Timing,
     fired_this_slot,
+    given_up_by,
     next_firings,
     schedule_create,
     schedule_delete,
@@ -45,8 +46,9 @@ from broker.pipeline.schedules import (
     schedule_resume,
     schedule_run_now,
     schedule_update_parts,
+    schedules_reading,
 )
-from broker.pipeline.selection import ReplaySpec
+from broker.pipeline.selection import MessageSelection, ReplaySpec
 from broker.pipeline.source import source_count
 from broker.services.queues import queue_create, queue_delete
 from tests.support.messages import SYSTEM_DEAD_LETTER_QUEUE as DLQ
@@ -423,3 +425,41 @@ def test_its_job_takes_no_message_that_reached_the_give_up_limit_or_was_replayed
     limited = scheduled_spec(create(give_up_after=3))
 
     assert source_count(limited) == 2  # fresh and third
+
+
+def test_run_now_of_a_schedule_whose_queue_went_names_the_field_as_invalid(orders):
+    parked = queue_create(name="PARKED.Q", consumer="log")
+    schedule = create(
+        replay=ReplaySpec(source="dead_letter", source_queue=DLQ, target_queue="PARKED.Q")
+    )
+    queue_delete(queue=parked)
+
+    with pytest.raises(InvalidInput) as refused:
+        schedule_run_now(schedule_id=schedule.id, actor=None)
+
+    assert type(refused.value) is InvalidInput
+    assert "target_queue" in refused.value.field_errors
+    assert not ReplayJob.objects.exists()
+
+
+def test_a_schedule_gives_up_only_on_the_dead_letters_its_filter_takes(orders):
+    payroll = queue_create(name="PAYROLL.IN", consumer="log")
+    [order] = dead_lettered(orders, 1)
+    [pay] = dead_lettered(payroll, 1)
+    Message.objects.filter(id__in=[order, pay]).update(generation=3)
+    create(
+        name="orders-only",
+        replay=ReplaySpec(
+            source="dead_letter",
+            source_queue=DLQ,
+            filter=MessageSelection(queues=("ORDERS.IN",), reason="handler_error"),
+        ),
+    )
+    create(name="everything", give_up_after=4)
+    reading = schedules_reading(DLQ)
+
+    def names(message_id: int) -> list[str]:
+        return [s.name for s in given_up_by(reading, Message.objects.get(id=message_id))]
+
+    assert names(order) == ["orders-only"]
+    assert names(pay) == []

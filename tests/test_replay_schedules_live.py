@@ -108,10 +108,11 @@ def test_a_message_that_keeps_failing_is_replayed_k_times_then_given_up(start_wo
     assert_never_two_at_once([job for job in jobs if job.finished_at is not None])
     # The last of each line stays, given up by the schedule.
     reading = schedules_reading(DLQ)
-    assert [given_up_by(reading, message.generation) for message in dead.filter(generation=3)] == [
-        ["retry-orders"]
-    ] * 3
-    assert given_up_by(reading, 2) == []
+    assert [
+        [schedule.name for schedule in given_up_by(reading, message)]
+        for message in dead.filter(generation=3)
+    ] == [["retry-orders"]] * 3
+    assert [given_up_by(reading, message) for message in dead.filter(generation=2)] == [[]] * 3
 
 
 @with_spark

@@ -40,12 +40,14 @@ from django_celery_beat.tzcrontab import TzAwareCrontab
 from broker.errors import (
     AlreadyExists,
     InvalidInput,
+    NamesNothing,
     ScheduleBusy,
     ScheduleDeleted,
     ScheduleNotFound,
     SchedulePaused,
 )
 from broker.models import (
+    Message,
     ReplayJob,
     ReplayJobStatus,
     ReplaySchedule,
@@ -547,7 +549,14 @@ def _submit(schedule: ReplaySchedule, *, manual: bool, actor: Actor) -> Schedule
         generation_below=schedule.give_up_after,
     )
     spec = dataclasses.replace(replay_spec_of(schedule), limits=limits)
-    job = replay_job_submit(spec=spec, actor=actor, schedule=schedule)
+    try:
+        job = replay_job_submit(spec=spec, actor=actor, schedule=schedule)
+    except NamesNothing as error:  # a queue it names was deleted since it was saved
+        raise InvalidInput(
+            f"Replay schedule {schedule.name!r} names queues that are not there any more; "
+            "change it.",
+            field_errors=error.field_errors,
+        ) from None
     firing = ScheduleFiring.objects.create(schedule=schedule, job=job, manual=manual)
     audit_record(
         action="schedule_fire",
@@ -600,9 +609,29 @@ def schedules_reading(queue_name: str) -> list[ReplaySchedule]:
     )
 
 
-def given_up_by(schedules_: list[ReplaySchedule], generation: int) -> list[str]:
-    """The names of those schedules that give up on a message of ``generation``."""
-    return [s.name for s in schedules_ if generation >= s.give_up_after]
+def given_up_by(schedules_: list[ReplaySchedule], message: Message) -> list[ReplaySchedule]:
+    """Those of the schedules (reading the message's dead-letter queue) whose
+    filter takes the dead letter ``message`` (its original queue, reason,
+    publish time and header; not its payload text) and that give up on it:
+    its generation reached their limit."""
+    return [
+        schedule
+        for schedule in schedules_
+        if message.generation >= schedule.give_up_after
+        and _would_take(MessageSelection.from_stored(schedule.filters), message)
+    ]
+
+
+def _would_take(selection: MessageSelection, message: Message) -> bool:
+    header = message.dead_letter or {}
+    pair = selection.header_pair
+    return (
+        (not selection.queues or header.get("original_queue") in selection.queues)
+        and (not selection.reason or header.get("reason") == selection.reason)
+        and (selection.since is None or message.created_at >= selection.since)
+        and (selection.until is None or message.created_at < selection.until)
+        and (pair is None or str((message.headers or {}).get(pair[0])) == pair[1])
+    )
 
 
 def next_firing(schedule: ReplaySchedule, *, now: datetime | None = None) -> datetime | None:

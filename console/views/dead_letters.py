@@ -75,16 +75,12 @@ def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
         before=int(before) if before.isdigit() else None,
     )
     schedules = schedules_reading(queue.name)
-    by_name = {schedule.name: schedule for schedule in schedules}
     context = {
         "queue": queue,
         "groups": dead_letter_groups(queue=queue),
         "page": waiting,
         # Each message with the schedules that gave up on it.
-        "rows": [
-            (message, [by_name[name] for name in given_up_by(schedules, message.generation)])
-            for message in waiting.messages
-        ],
+        "rows": [(message, given_up_by(schedules, message)) for message in waiting.messages],
         "schedules": schedules,
         "active": active_rule_table(queue=queue),
         "targets": queue_names(exclude=queue),
