@@ -240,6 +240,8 @@ SPECTACULAR_SETTINGS = {
     # Requests and responses as separate components: what a client sends
     # (no read-only fields, nothing blank) is not what it reads back.
     "COMPONENT_SPLIT_REQUEST": True,
+    # A replay job's status, in the job and in a schedule's last job: one enum.
+    "ENUM_NAME_OVERRIDES": {"ReplayJobStatusEnum": "broker.models.ReplayJobStatus"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.api.schema.add_error_responses",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.models import AuditEvent, Message, Queue, ReplayJob
+from broker.models import AuditEvent, Message, Queue, ReplayJob, ReplaySchedule
 from console.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -52,6 +52,7 @@ FILTERS = {
     ],
     "/api/v1/audit/": ["actor", "action", "queue", "message_id", "page_size", "cursor"],
     "/api/v1/replay-jobs/": ["status", "page_size", "cursor"],
+    "/api/v1/dead-letter-queues/SYSTEM.DEAD.LETTER.QUEUE/messages/": ["page_size", "cursor"],
     "/api/v1/rule-tables/": ["queue"],
     "/api/v1/archive/": ["queue", "since", "until", "before_id", "page_size"],
 }
@@ -62,6 +63,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "/api/v1/messages/bulk/": {"action": "fail", "ids": [1]},
     "/api/v1/replay-jobs/": {"source": "dead_letter"},
     "/api/v1/replay-jobs/preview/": {"source": "dead_letter"},
+    "/api/v1/replay-schedules/": {"name": "x", "source": "blacklist", "every_seconds": 60},
     "/api/v1/tokens/": {"name": "x"},
     "/api/v1/topics/": {"name": "T"},
     "/api/v1/rule-tables/": {"queue": "SYSTEM.DEAD.LETTER.QUEUE", "text": "ACTION(DISCARD)"},
@@ -73,6 +75,7 @@ def snapshot() -> tuple[int, ...]:
         Message.objects.count(),
         Queue.objects.count(),
         ReplayJob.objects.count(),
+        ReplaySchedule.objects.count(),
         ApiToken.objects.count(),
         AuditEvent.objects.count(),
     )
@@ -148,6 +151,16 @@ def test_hostile_bodies_on_every_write(admin_api, seeded, path):
         ("/api/v1/messages/bulk/", {"action": "fail", "ids": [10**40]}, "ids[0]"),
         ("/api/v1/replay-jobs/", {"source": "blacklist", "velocity": 10**40}, "velocity"),
         ("/api/v1/replay-jobs/", {"source": "blacklist", "velocity": -1}, "velocity"),
+        (
+            "/api/v1/replay-schedules/",
+            {"name": "x", "source": "blacklist", "every_seconds": 10**40},
+            "every_seconds",
+        ),
+        (
+            "/api/v1/replay-schedules/",
+            {"name": "x", "source": "blacklist", "every_seconds": 60, "give_up_after": -(10**40)},
+            "give_up_after",
+        ),
     ],
 )
 def test_huge_and_negative_integers_are_field_errors(admin_api, seeded, path, body, field):
@@ -189,6 +202,8 @@ def test_hostile_path_values_are_404_not_500(admin_api, seeded):
         "/api/v1/messages/99999999999999999999999/",
         "/api/v1/jobs/99999999999999999999999/",
         "/api/v1/replay-jobs/99999999999999999999999/",
+        "/api/v1/replay-schedules/99999999999999999999999/",
+        "/api/v1/replay-schedules/99999999999999999999999/jobs/",
         "/api/v1/tokens/99999999999999999999999/",
     ):
         answer = admin_api.get(path)

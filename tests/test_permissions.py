@@ -144,6 +144,9 @@ API: list[Row] = [
     *route(
         "api-dead-letter-queue-apply", f"/api/v1/dead-letter-queues/{DLQ}/apply/", POST=OPERATOR
     ),
+    *route(
+        "api-dead-letter-queue-messages", f"/api/v1/dead-letter-queues/{DLQ}/messages/", GET=VIEWER
+    ),
     *route("api-audit", "/api/v1/audit/", GET=VIEWER),
     *route("api-archive", "/api/v1/archive/?queue=ORDERS.IN", GET=VIEWER),
     *route("api-tokens", "/api/v1/tokens/", GET=VIEWER, POST=VIEWER),
@@ -164,6 +167,18 @@ API: list[Row] = [
     *route("api-replay-job", "/api/v1/replay-jobs/{r}/", GET=VIEWER),
     *route("api-replay-job-cancel", "/api/v1/replay-jobs/{r}/cancel/", POST=OPERATOR),
     *route("api-replay-job-run", "/api/v1/replay-jobs/{r}/run/", POST=OPERATOR),
+    *route("api-replay-schedules", "/api/v1/replay-schedules/", GET=VIEWER, POST=OPERATOR),
+    *route(
+        "api-replay-schedule",
+        "/api/v1/replay-schedules/{s}/",
+        GET=VIEWER,
+        PUT=OPERATOR,
+        PATCH=OPERATOR,
+    ),
+    *route("api-replay-schedule-jobs", "/api/v1/replay-schedules/{s}/jobs/", GET=VIEWER),
+    *route("api-replay-schedule-pause", "/api/v1/replay-schedules/{s}/pause/", POST=OPERATOR),
+    *route("api-replay-schedule-resume", "/api/v1/replay-schedules/{s}/resume/", POST=OPERATOR),
+    *route("api-replay-schedule-run", "/api/v1/replay-schedules/{s}/run/", POST=OPERATOR),
     *route("api-ha", "/api/v1/ha/", GET=VIEWER),
     *route("api-ha-switchover", "/api/v1/ha/switchover/", POST=ADMIN),
     *route("api-ha-resolve", "/api/v1/ha/resolve/", POST=ADMIN),
@@ -171,6 +186,7 @@ API: list[Row] = [
     # Whatever else is under /api/: the JSON 404, for anyone.
     *route("api-unknown-path", "/api/v1/nothing-here/", GET=None, POST=None),
     # Deletes last: what they remove, the rows above still use.
+    *route("api-replay-schedule", "/api/v1/replay-schedules/{s}/", DELETE=OPERATOR),
     *route("api-subscription", "/api/v1/subscriptions/S1/", DELETE=ADMIN),
     *route("api-topic", "/api/v1/topics/T1/", DELETE=ADMIN),
     *route("api-queue", "/api/v1/queues/OTHER.Q/", DELETE=ADMIN),

@@ -1,17 +1,21 @@
-"""REST API for dead-letter queues: their reasons and a run of the handler."""
+"""REST API for dead-letter queues: their reasons, their waiting messages
+(and the replay schedules that gave up on each), and a run of the handler."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import NoActiveRules
-from broker.models import SCAN_COUNTS
+from broker.models import SCAN_COUNTS, Message, MessageState, ReplaySchedule
+from broker.pipeline.schedules import given_up_by, schedules_reading
 from broker.selectors import (
     active_rule_table,
     dead_letter_groups,
@@ -20,6 +24,7 @@ from broker.selectors import (
 )
 from broker.services.dead_letters import dead_letter_scan
 from console.api.fields import BodySerializer
+from console.api.messages import MessageListSerializer, NewestFirst, listed
 from console.api.queues import QueueSummarySerializer
 from console.api.schema import ERROR
 
@@ -79,3 +84,51 @@ class DeadLetterApplyView(APIView):
             raise NoActiveRules(f"{name} has no active rules table.")
         result = dead_letter_scan(queue=queue)
         return Response(ScanResultSerializer(result).data)
+
+
+class DeadLetterMessageSerializer(MessageListSerializer):
+    """A waiting message of a dead-letter queue, with its dead-letter
+    header and the replay schedules that no longer take it."""
+
+    generation = serializers.IntegerField(
+        read_only=True, help_text="Replays between it and its first publish: 0 for a publish."
+    )
+    given_up_by = serializers.SerializerMethodField(
+        help_text="The replay schedules reading this queue whose filter takes the message and "
+        "that give up on it (its generation reached their give_up_after): they replay it no more."
+    )
+
+    class Meta(MessageListSerializer.Meta):
+        fields = [*MessageListSerializer.Meta.fields, "dead_letter", "generation", "given_up_by"]
+        read_only_fields = fields
+
+    def get_given_up_by(self, message: Message) -> list[str]:
+        return [schedule.name for schedule in given_up_by(self.context["schedules"], message)]
+
+
+class DeadLetterMessagesView(ListAPIView[Message]):
+    """A dead-letter queue's waiting (TBDL) messages, newest first, in
+    keyset pages, as the console's dead-letter page lists them."""
+
+    # The schema's model; get_queryset needs the queue from the URL.
+    queryset = Message.objects.none()
+    serializer_class = DeadLetterMessageSerializer
+    pagination_class = NewestFirst
+    filter_backends: list[Any] = []
+
+    def get_queryset(self) -> QuerySet[Message]:
+        queue = dead_letter_queue_get(name=self.kwargs["name"])
+        return listed(Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED))
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        # The schedules reading the queue, read once for the whole page.
+        return {**super().get_serializer_context(), "schedules": self._schedules()}
+
+    def _schedules(self) -> list[ReplaySchedule]:
+        if getattr(self, "swagger_fake_view", False):  # the schema's generation
+            return []
+        return schedules_reading(self.kwargs["name"])
+
+    @extend_schema(responses={200: DeadLetterMessageSerializer(many=True), 404: ERROR})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)

@@ -10,6 +10,7 @@ from console.api import (
     queues,
     replay,
     rule_tables,
+    schedules,
     tokens,
     topics,
     transfer,
@@ -49,6 +50,7 @@ MESSAGE = "messages/<int:message_id>/"
 DLQ = "dead-letter-queues/<name:name>/"
 RULE_TABLE = "rule-tables/<int:table_id>/"
 REPLAY_JOB = "replay-jobs/<int:job_id>/"
+SCHEDULE = "replay-schedules/<int:schedule_id>/"
 TOPIC = "topics/<name:name>/"
 SUBSCRIPTION = "subscriptions/<name:name>/"
 EXPORT = "ha/exports/<int:export_id>/"
@@ -82,6 +84,11 @@ urlpatterns = [
         f"{DLQ}apply/",
         dead_letters.DeadLetterApplyView.as_view(),
         name="api-dead-letter-queue-apply",
+    ),
+    path(
+        f"{DLQ}messages/",
+        dead_letters.DeadLetterMessagesView.as_view(),
+        name="api-dead-letter-queue-messages",
     ),
     path(DLQ, dead_letters.DeadLetterQueueView.as_view(), name="api-dead-letter-queue"),
     path("audit/", audit.AuditListView.as_view(), name="api-audit"),
@@ -119,6 +126,21 @@ urlpatterns = [
     path("replay-jobs/preview/", replay.ReplayPreviewView.as_view(), name="api-replay-job-preview"),
     path(REPLAY_JOB, replay.ReplayJobDetailView.as_view(), name="api-replay-job"),
     *actions(REPLAY_JOB, replay.ReplayJobActionView, "api-replay-job", ("cancel", "run")),
+    path(
+        "replay-schedules/", schedules.ReplayScheduleListView.as_view(), name="api-replay-schedules"
+    ),
+    path(SCHEDULE, schedules.ReplayScheduleDetailView.as_view(), name="api-replay-schedule"),
+    *actions(
+        SCHEDULE, schedules.ReplayScheduleSwitchView, "api-replay-schedule", ("pause", "resume")
+    ),
+    path(
+        f"{SCHEDULE}run/", schedules.ReplayScheduleRunView.as_view(), name="api-replay-schedule-run"
+    ),
+    path(
+        f"{SCHEDULE}jobs/",
+        schedules.ReplayScheduleJobsView.as_view(),
+        name="api-replay-schedule-jobs",
+    ),
     path("ha/", ha.HaView.as_view(), name="api-ha"),
     path("ha/switchover/", ha.HaSwitchoverView.as_view(), name="api-ha-switchover"),
     path("ha/resolve/", ha.HaResolveView.as_view(), name="api-ha-resolve"),

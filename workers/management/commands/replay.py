@@ -1,5 +1,6 @@
 """Replay jobs from the command line: submit one (and, with --wait, run it
-here in the foreground), show, cancel or run one again, list them."""
+here in the foreground), show, cancel or run one again, list them; and
+replay schedules: create, list, pause, resume, run now and delete them."""
 
 from __future__ import annotations
 
@@ -17,8 +18,24 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from broker.errors import BrokerError, InvalidInput
-from broker.models import ReplayJob, ReplayJobStatus, ReplaySource
+from broker.models import ReplayJob, ReplayJobStatus, ReplaySchedule, ReplaySource
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
+from broker.pipeline.schedules import (
+    DEFAULT_GIVE_UP_AFTER,
+    SCHEDULE_SOURCES,
+    ScheduleSpec,
+    Timing,
+    latest_job,
+    next_firing,
+    schedule_create,
+    schedule_delete,
+    schedule_pause,
+    schedule_resume,
+    schedule_run_now,
+    schedule_validate,
+    schedules_all,
+    timing_of,
+)
 from broker.pipeline.selection import (
     MessageSelection,
     ReplaySpec,
@@ -30,9 +47,10 @@ from broker.services.audit import Actor
 from workers import pipeline
 from workers.progress import Progress
 
-# Field names (the replay service's, and the archive search's limit) as the
-# options that set them, in the order errors are reported.
+# Field names (the replay and schedule services', and the archive search's
+# limit) as the options that set them, in the order errors are reported.
 OPTIONS = {
+    "name": "--name",
     "source": "--source",
     "source_queue": "--source-queue",
     "queues": "--queue",
@@ -45,6 +63,11 @@ OPTIONS = {
     "rules_text": "--rules",
     "velocity": "--velocity",
     "dry_run": "--dry-run",
+    "cron": "--cron",
+    "time_zone": "--time-zone",
+    "every_seconds": "--every",
+    "cool_off_minutes": "--cool-off",
+    "give_up_after": "--give-up-after",
     "limit": "--limit",
 }
 
@@ -91,42 +114,12 @@ def invalid_text(
 
 
 class Command(BaseCommand):
-    help = "Submit, show, cancel and run again replay jobs (Spark)."
+    help = "Submit, show, cancel and run again replay jobs (Spark); keep replay schedules."
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(dest="action", required=True)
         submit = commands.add_parser("submit", help="check and queue a replay job")
-        submit.add_argument(
-            "--source", required=True, help=f"one of: {', '.join(ReplaySource.values)}"
-        )
-        submit.add_argument(
-            "--source-queue", default="", help="the dead-letter queue to read (source dead_letter)"
-        )
-        submit.add_argument(
-            "--queue",
-            dest="queues",
-            action="append",
-            default=[],
-            metavar="QUEUE",
-            help="only messages of this queue (of a dead-letter source: dead-lettered from it); "
-            "repeat for more",
-        )
-        submit.add_argument("--reason", default="", help="only this dead-letter reason code")
-        submit.add_argument("--since", metavar="ISO", help="only published at or after")
-        submit.add_argument("--until", metavar="ISO", help="only published before")
-        submit.add_argument(
-            "--header", default="", metavar="NAME=VALUE", help="only with this header value"
-        )
-        submit.add_argument(
-            "--payload-text", default="", metavar="TEXT", help="only payloads containing TEXT"
-        )
-        submit.add_argument(
-            "--target-queue", default="", help="default: each message to its original queue"
-        )
-        submit.add_argument(
-            "--rules", type=Path, metavar="FILE", help="a rules table (runmqdlq syntax) to route by"
-        )
-        submit.add_argument("--velocity", metavar="N", help="at most N messages a second")
+        self._add_spec(submit, sources=ReplaySource.values)
         submit.add_argument(
             "--dry-run", action="store_true", help="count and sample; write nothing"
         )
@@ -146,6 +139,80 @@ class Command(BaseCommand):
         self._add_user(again)
         listing = commands.add_parser("list", help="the latest jobs, newest first")
         listing.add_argument("--limit", type=int, default=20)
+        self._add_schedule(commands.add_parser("schedule", help="replay schedules"))
+
+    def _add_schedule(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="schedule_action", required=True)
+        create = commands.add_parser("create", help="save a replay that runs by the clock")
+        create.add_argument("--name", required=True, help="unique among schedules")
+        self._add_spec(create, sources=[str(source) for source in SCHEDULE_SOURCES])
+        create.add_argument(
+            "--cron",
+            default="",
+            metavar='"M H DOM MON DOW"',
+            help="fire at these wall-clock times (five fields, as crontab's)",
+        )
+        create.add_argument(
+            "--time-zone", default="UTC", help="the cron line's time zone (default: UTC)"
+        )
+        create.add_argument("--every", metavar="SECONDS", help="fire every SECONDS instead")
+        create.add_argument(
+            "--cool-off",
+            default="0",
+            metavar="MINUTES",
+            help="take only messages dead (blacklisted, failed) for this long (default: 0)",
+        )
+        create.add_argument(
+            "--give-up-after",
+            default=str(DEFAULT_GIVE_UP_AFTER),
+            metavar="K",
+            help="leave a message alone once it has been replayed K times "
+            f"(default: {DEFAULT_GIVE_UP_AFTER})",
+        )
+        create.add_argument("--paused", action="store_true", help="save it paused")
+        self._add_user(create)
+        commands.add_parser("list", help="every schedule: timing, state, next firing, last job")
+        for action, what in (
+            ("pause", "stop firing it until resumed"),
+            ("resume", "fire it again from its next slot"),
+            ("run", "fire it now; prints the job it queued"),
+            ("delete", "stop it for good (its jobs stay)"),
+        ):
+            one = commands.add_parser(action, help=what)
+            one.add_argument("schedule", metavar="SCHEDULE", help="its name or id")
+            self._add_user(one)
+
+    def _add_spec(self, parser: CommandParser, *, sources: list[str]) -> None:
+        """The options of a replay's spec: a job's, a schedule's."""
+        parser.add_argument("--source", required=True, help=f"one of: {', '.join(sources)}")
+        parser.add_argument(
+            "--source-queue", default="", help="the dead-letter queue to read (source dead_letter)"
+        )
+        parser.add_argument(
+            "--queue",
+            dest="queues",
+            action="append",
+            default=[],
+            metavar="QUEUE",
+            help="only messages of this queue (of a dead-letter source: dead-lettered from it); "
+            "repeat for more",
+        )
+        parser.add_argument("--reason", default="", help="only this dead-letter reason code")
+        parser.add_argument("--since", metavar="ISO", help="only published at or after")
+        parser.add_argument("--until", metavar="ISO", help="only published before")
+        parser.add_argument(
+            "--header", default="", metavar="NAME=VALUE", help="only with this header value"
+        )
+        parser.add_argument(
+            "--payload-text", default="", metavar="TEXT", help="only payloads containing TEXT"
+        )
+        parser.add_argument(
+            "--target-queue", default="", help="default: each message to its original queue"
+        )
+        parser.add_argument(
+            "--rules", type=Path, metavar="FILE", help="a rules table (runmqdlq syntax) to route by"
+        )
+        parser.add_argument("--velocity", metavar="N", help="at most N messages a second")
 
     def _add_wait(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -174,17 +241,6 @@ class Command(BaseCommand):
     def _submit(
         self,
         *,
-        source: str,
-        source_queue: str,
-        queues: list[str],
-        reason: str,
-        since: str | None,
-        until: str | None,
-        header: str,
-        payload_text: str,
-        target_queue: str,
-        rules: Path | None,
-        velocity: str | None,
         dry_run: bool,
         wait: bool,
         progress: bool | None,
@@ -193,36 +249,18 @@ class Command(BaseCommand):
     ) -> None:
         actor = self._actor(user)
         problems: dict[str, list[str]] = {}
-        start = moment_option(since, "since", problems)
-        end = moment_option(until, "until", problems)
-        if problem := window_problem(start, end):
-            problems["until"] = [problem]
-        rules_text = self._read(rules) if rules else ""
-        per_second = self._velocity(velocity, problems)
+        values = self._spec_values(options, problems)
         spec: ReplaySpec | None = None
         # The options this command could not read and the parser's
         # objections are listed together.
         try:
-            spec = replay_spec_parse(
-                source=source,
-                source_queue=source_queue,
-                queues=queues,
-                reason=reason,
-                since=start,
-                until=end,
-                header=header,
-                payload_text=payload_text,
-                target_queue=target_queue,
-                rules_text=rules_text,
-                velocity=per_second,
-                dry_run=dry_run,
-            )
+            spec = replay_spec_parse(**values, dry_run=dry_run)
         except InvalidInput as error:
-            for name, messages in error.field_errors.items():
-                problems.setdefault(name, []).extend(messages)
+            _merge(problems, error.field_errors)
         if problems or spec is None:
-            labels = {"rules_text": f"--rules {rules}"} if rules else None
-            raise CommandError(invalid_text("The replay job is not valid.", problems, labels))
+            raise CommandError(
+                invalid_text("The replay job is not valid.", problems, _labels(options))
+            )
         job = replay_job_submit(spec=spec, actor=actor)
         self.stdout.write(f"replay job {job.id} queued" + (" (dry run)" if job.dry_run else ""))
         if wait:
@@ -279,6 +317,116 @@ class Command(BaseCommand):
         header = ["ID", "STATUS", "%", "SOURCE", "TARGET", "WRITTEN", "SUBMITTED", "BY"]
         for line in table(header, rows, right={0, 2, 5}):
             self.stdout.write(line)
+
+    # --- replay schedules ----------------------------------------------------------------
+
+    def _schedule(self, *, schedule_action: str, **options: Any) -> None:
+        getattr(self, f"_schedule_{schedule_action}")(**options)
+
+    def _schedule_create(
+        self,
+        *,
+        name: str,
+        cron: str,
+        time_zone: str,
+        every: str | None,
+        cool_off: str,
+        give_up_after: str,
+        paused: bool,
+        user: str | None,
+        **options: Any,
+    ) -> None:
+        actor = self._actor(user)
+        problems: dict[str, list[str]] = {}
+        values = self._spec_values(options, problems)
+        # An option this command could not read stands in as a valid value,
+        # so that the service's objections are only to the others.
+        every_seconds = self._whole(every, "every_seconds", "seconds", problems)
+        minutes = self._whole(cool_off, "cool_off_minutes", "minutes", problems)
+        replays = self._whole(give_up_after, "give_up_after", "replays", problems)
+        spec = ScheduleSpec(
+            name=name,
+            replay=ReplaySpec(
+                source=values["source"],
+                source_queue=values["source_queue"],
+                filter=MessageSelection(
+                    queues=tuple(values["queues"]),
+                    reason=values["reason"],
+                    since=values["since"],
+                    until=values["until"],
+                    header=values["header"],
+                    payload_text=values["payload_text"],
+                ),
+                target_queue=values["target_queue"],
+                rules_text=values["rules_text"],
+                velocity=values["velocity"],
+            ),
+            timing=Timing(
+                cron=cron,
+                time_zone=time_zone,
+                every_seconds=1 if "every_seconds" in problems else every_seconds,
+            ),
+            cool_off_minutes=0 if minutes is None else minutes,
+            give_up_after=DEFAULT_GIVE_UP_AFTER if replays is None else replays,
+            enabled=not paused,
+        )
+        schedule: ReplaySchedule | None = None
+        detail = "The replay schedule is not valid."
+        try:
+            if problems:
+                schedule_validate(spec)
+            else:
+                schedule = schedule_create(spec=spec, actor=actor)
+        except InvalidInput as error:  # a name taken is the service's own detail
+            if not problems:
+                detail = error.detail
+            _merge(problems, error.field_errors)
+        if schedule is None:
+            raise CommandError(invalid_text(detail, problems, _labels(options)))
+        self.stdout.write(
+            f"replay schedule {schedule.id} ({schedule.name}) created: "
+            f"{spec.timing.describe()}, {_next(schedule)}"
+        )
+
+    def _schedule_list(self, **options: Any) -> None:
+        schedules = schedules_all()
+        if not schedules:
+            self.stdout.write("no replay schedules")
+            return
+        rows = [
+            [
+                str(schedule.id),
+                schedule.name,
+                _source(schedule),
+                timing_of(schedule).describe(),
+                "enabled" if schedule.enabled else "paused",
+                _when_short(next_firing(schedule)),
+                _last_job(schedule),
+            ]
+            for schedule in schedules
+        ]
+        header = ["ID", "NAME", "SOURCE", "WHEN", "STATE", "NEXT FIRING", "LAST JOB"]
+        for line in table(header, rows, right={0}):
+            self.stdout.write(line)
+
+    def _schedule_pause(self, *, schedule: str, user: str | None, **options: Any) -> None:
+        paused = schedule_pause(schedule_id=self._schedule_id(schedule), actor=self._actor(user))
+        self.stdout.write(f"replay schedule {paused.name} paused")
+
+    def _schedule_resume(self, *, schedule: str, user: str | None, **options: Any) -> None:
+        resumed = schedule_resume(schedule_id=self._schedule_id(schedule), actor=self._actor(user))
+        self.stdout.write(f"replay schedule {resumed.name} resumed: {_next(resumed)}")
+
+    def _schedule_run(self, *, schedule: str, user: str | None, **options: Any) -> None:
+        schedule_id = self._schedule_id(schedule)
+        firing = schedule_run_now(schedule_id=schedule_id, actor=self._actor(user))
+        self.stdout.write(
+            f"replay schedule {firing.schedule.name}: replay job {firing.job_id} queued"
+        )
+
+    def _schedule_delete(self, *, schedule: str, user: str | None, **options: Any) -> None:
+        deleted = schedule_delete(schedule_id=self._schedule_id(schedule), actor=self._actor(user))
+        self.stdout.write(f"replay schedule {deleted.name} deleted (its jobs stay)")
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -357,19 +505,52 @@ class Command(BaseCommand):
         except UnicodeDecodeError:
             raise CommandError(f"--rules: {file} is not UTF-8 text") from None
 
-    def _velocity(self, text: str | None, problems: dict[str, list[str]]) -> int | None:
+    def _spec_values(
+        self, options: Mapping[str, Any], problems: dict[str, list[str]]
+    ) -> dict[str, Any]:
+        """The replay's spec as ``replay_spec_parse`` takes it, from the
+        options; those it cannot read are recorded in ``problems``."""
+        start = moment_option(options["since"], "since", problems)
+        end = moment_option(options["until"], "until", problems)
+        if problem := window_problem(start, end):
+            problems["until"] = [problem]
+        rules: Path | None = options["rules"]
+        return {
+            "source": options["source"],
+            "source_queue": options["source_queue"],
+            "queues": options["queues"],
+            "reason": options["reason"],
+            "since": start,
+            "until": end,
+            "header": options["header"],
+            "payload_text": options["payload_text"],
+            "target_queue": options["target_queue"],
+            "rules_text": self._read(rules) if rules else "",
+            "velocity": self._whole(options["velocity"], "velocity", "messages a second", problems),
+        }
+
+    def _whole(
+        self, text: str | None, field: str, unit: str, problems: dict[str, list[str]]
+    ) -> int | None:
         if text is None:
             return None
         try:
             return int(text)
         except ValueError:
-            problems.setdefault("velocity", []).append(
-                f"{text!r} is not a whole number of messages a second."
-            )
+            problems.setdefault(field, []).append(f"{text!r} is not a whole number of {unit}.")
             return None
 
+    def _schedule_id(self, schedule: str) -> int:
+        """The schedule (not deleted) of that name, else of that id."""
+        for candidate in schedules_all():
+            if candidate.name == schedule:
+                return candidate.id
+        if schedule.isascii() and schedule.isdigit():
+            return int(schedule)
+        raise CommandError(f"There is no replay schedule named {schedule!r}.")
 
-def _source(job: ReplayJob) -> str:
+
+def _source(job: ReplayJob | ReplaySchedule) -> str:
     return f"{job.source} {job.source_queue}" if job.source_queue else job.source
 
 
@@ -398,3 +579,30 @@ def _filter(job: ReplayJob) -> str:
 
 def _counts(counts: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {count}" for name, count in counts.items()) or "-"
+
+
+def _merge(problems: dict[str, list[str]], field_errors: Mapping[str, list[str]]) -> None:
+    for name, messages in field_errors.items():
+        problems.setdefault(name, []).extend(messages)
+
+
+def _labels(options: Mapping[str, Any]) -> dict[str, str] | None:
+    """Errors in the rules table are named by its file."""
+    rules = options.get("rules")
+    return {"rules_text": f"--rules {rules}"} if rules else None
+
+
+def _when_short(moment: datetime | None) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M") if moment else "-"
+
+
+def _next(schedule: ReplaySchedule) -> str:
+    moment = next_firing(schedule)
+    return "paused" if moment is None else f"next firing {_when(moment)}"
+
+
+def _last_job(schedule: ReplaySchedule) -> str:
+    job = latest_job(schedule)
+    if job is None:
+        return "-"
+    return f"job {job.id}: {job.status}, {job.written} written"
