@@ -1,6 +1,7 @@
 """The console's own tables: API tokens, a user's named keys for the REST
 API (only a digest of each key is stored; the key itself is shown once, when
-the token is created), and each user's preferences (their time zone)."""
+the token is created), each user's preferences (their time zone), and
+grants: a role on the queues a pattern matches, given to a user or a group."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from django.db import models
 from django.db.models import Q
 
 TOKEN_NAME_MAX_LENGTH = 100
+# A queue name (48 characters) with room for the pattern's wildcards.
+QUEUE_PATTERN_MAX_LENGTH = 96
 
 
 class ApiToken(models.Model):
@@ -55,3 +58,38 @@ class Preference(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id}: {self.time_zone}"
+
+
+class Grant(models.Model):
+    """A role (console.roles.Role: viewer, operator, admin) on the queues
+    whose names ``pattern`` matches (an exact name, or a glob with ``*`` and
+    ``?``: console.access), given to one user or one group."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="queue_grants",
+    )
+    group = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.CASCADE, related_name="queue_grants"
+    )
+    role = models.PositiveSmallIntegerField()
+    pattern = models.CharField(max_length=QUEUE_PATTERN_MAX_LENGTH)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pattern", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=True) ^ Q(group__isnull=True),
+                name="grant_to_a_user_or_a_group",
+            ),
+            models.CheckConstraint(condition=Q(role__gte=1, role__lte=3), name="grant_role_valid"),
+            models.UniqueConstraint(fields=["user", "pattern"], name="grant_user_pattern_unique"),
+            models.UniqueConstraint(fields=["group", "pattern"], name="grant_group_pattern_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"role {self.role} on {self.pattern}"

@@ -1,0 +1,112 @@
+"""Grants: a role on the queues a pattern matches, given to a user or a
+group (console.models.Grant; what they allow is console.access's to say).
+Every change is an audit event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import Group, User
+from django.db import IntegrityError, transaction
+
+from broker.errors import AlreadyExists, InvalidInput, NotFound
+from broker.services.audit import Actor, audit_record
+from console.access import pattern_problem
+from console.models import Grant
+from console.roles import Role
+
+GRANT_ROLES = {role.label: role for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)}
+
+
+class GrantNotFound(NotFound):
+    code = "grant_not_found"
+
+
+@dataclass(frozen=True)
+class Grantee:
+    """Whom a grant is for: a user or a group, by name."""
+
+    user: str = ""
+    group: str = ""
+
+    @property
+    def described(self) -> dict[str, str]:
+        return {"user": self.user} if self.user else {"group": self.group}
+
+
+def _checked(pattern: str, role: str, to: Grantee) -> tuple[Role, User | None, Group | None]:
+    errors: dict[str, list[str]] = {}
+    problem = pattern_problem(pattern)
+    if problem:
+        errors["pattern"] = [problem]
+    if role not in GRANT_ROLES:
+        errors["role"] = [f"Choose one of {', '.join(GRANT_ROLES)}."]
+    user = group = None
+    if bool(to.user) == bool(to.group):
+        errors["user"] = ["Name a user or a group (one of them)."]
+    elif to.user:
+        user = User.objects.filter(username=to.user).first()
+        if user is None:
+            errors["user"] = [f"There is no user {to.user!r}."]
+    else:
+        group = Group.objects.filter(name=to.group).first()
+        if group is None:
+            errors["group"] = [f"There is no group {to.group!r}."]
+    if errors:
+        raise InvalidInput("The grant is not valid.", field_errors=errors)
+    return GRANT_ROLES[role], user, group
+
+
+def grant_add(*, pattern: str, role: str, to: Grantee, actor: Actor) -> Grant:
+    """Give ``to`` the role on the queues ``pattern`` matches. A second
+    grant on the same pattern to the same user or group is refused: change
+    it by removing it first."""
+    level, user, group = _checked(pattern, role, to)
+    try:
+        with transaction.atomic():
+            grant = Grant.objects.create(user=user, group=group, role=level, pattern=pattern)
+            audit_record(
+                action="grant.add",
+                actor=actor,
+                details={"pattern": pattern, "role": role, **to.described},
+            )
+    except IntegrityError:
+        raise AlreadyExists(
+            f"{'User' if user else 'Group'} {to.user or to.group!r} already has a grant on "
+            f"{pattern!r}; remove it to change it.",
+            field_errors={"pattern": ["A grant on this pattern exists already."]},
+        ) from None
+    return grant
+
+
+def grant_remove(*, grant_id: int, actor: Actor) -> None:
+    with transaction.atomic():
+        grant = Grant.objects.select_related("user", "group").filter(id=grant_id).first()
+        if grant is None:
+            raise GrantNotFound(f"There is no grant {grant_id}.")
+        grant.delete()
+        audit_record(
+            action="grant.remove",
+            actor=actor,
+            details={
+                "pattern": grant.pattern,
+                "role": Role(grant.role).label,
+                **grantee_of(grant).described,
+            },
+        )
+
+
+def grantee_of(grant: Grant) -> Grantee:
+    if grant.user is not None:
+        return Grantee(user=grant.user.get_username())
+    return Grantee(group=grant.group.name if grant.group else "")
+
+
+def grants_list(*, to: Grantee | None = None) -> list[Grant]:
+    """Every grant (or those of one user or group), by pattern."""
+    grants = Grant.objects.select_related("user", "group")
+    if to is not None and to.user:
+        grants = grants.filter(user__username=to.user)
+    elif to is not None and to.group:
+        grants = grants.filter(group__name=to.group)
+    return list(grants)
