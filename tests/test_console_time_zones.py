@@ -12,9 +12,11 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from broker.models import AuditEvent
+from broker.models import AuditEvent, Message
+from broker.services.queues import queue_create
 from console.models import Preference
 from tests.support.console import error_beside, logged_in
+from tests.support.messages import SYSTEM_DEAD_LETTER_QUEUE, dead_lettered
 
 pytestmark = pytest.mark.django_db
 
@@ -88,3 +90,26 @@ def test_the_zone_costs_a_page_one_query(viewer: User) -> None:
         client.get("/audit/")
     on_preferences = [q for q in page.captured_queries if "console_preference" in q["sql"]]
     assert len(on_preferences) == 1
+
+
+def test_a_dead_letters_time_shows_in_the_users_zone_on_its_queue_and_its_page(
+    viewer: User,
+) -> None:
+    """The dead-letter header keeps its time as ISO text (with microseconds);
+    the pages show it as every other time."""
+    orders = queue_create(name="ORDERS.IN", consumer="log")
+    [message_id] = dead_lettered(orders, 1)
+    message = Message.objects.get(id=message_id)
+    Message.objects.filter(id=message_id).update(
+        dead_letter={**(message.dead_letter or {}), "time": "2026-11-26T15:10:23.019670+00:00"}
+    )
+    client = logged_in(viewer)
+    client.post("/time-zone/", {"time_zone": "Europe/Paris"})
+    shown = '<time datetime="2026-11-26T15:10:23.019670+00:00" title="Europe/Paris">2026-11-26 16:10:23 CET</time>'
+
+    queue_page = client.get(f"/dead-letters/{SYSTEM_DEAD_LETTER_QUEUE}/").content.decode()
+    message_page = client.get(f"/messages/{message_id}/").content.decode()
+
+    assert shown in queue_page
+    assert shown in message_page
+    assert "15:10:23.019670" not in queue_page.replace('datetime="2026-11-26T15:10:23.019670', "")

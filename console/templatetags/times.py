@@ -40,12 +40,26 @@ def _time(value: datetime, text: str, title: str) -> SafeString:
 
 
 @register.filter
-def moment(value: datetime | None) -> SafeString | str:
+def moment(value: datetime | str | None) -> SafeString | str:
     """``<time datetime="…UTC…" title="Europe/Paris">2026-11-26 16:10:23
-    CET</time>``; nothing for no time."""
+    CET</time>``; nothing for no time. A string is read as ISO 8601 (a
+    time stored in JSON, such as a dead-letter header's), and shown as it
+    is when it is none."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        value = parsed.replace(tzinfo=UTC) if timezone.is_naive(parsed) else parsed
     if value is None:
         return ""
     return _time(value, moment_text(value), timezone.get_current_timezone_name())
+
+
+@register.filter
+def header_value(value: object, name: str) -> SafeString | object:
+    """A dead-letter header's value: its time as a moment, the rest as it is."""
+    return moment(value) if name == "time" and isinstance(value, str) else value
 
 
 @register.filter
