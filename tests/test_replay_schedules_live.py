@@ -99,7 +99,9 @@ def test_a_message_that_keeps_failing_is_replayed_k_times_then_given_up(start_wo
             line.append(copy.id)
         assert len(line) == 4, line
     jobs = jobs_of(scheduled)
-    assert [job.written for job in jobs if job.written] == [3, 3, 3]
+    # Nine copies in all (a copy still on its way back when a job reads waits
+    # for the next firing, so a job may write fewer than three).
+    assert sum(job.written for job in jobs) == 9
     assert {job.status for job in jobs} <= {
         ReplayJobStatus.DONE,
         ReplayJobStatus.RUNNING,
@@ -134,7 +136,10 @@ def test_firings_while_a_job_outlasts_the_interval_are_skipped_and_recorded(star
     )
     first = jobs_of(scheduled)[0]
 
-    skipped = ScheduleFiring.objects.filter(schedule=scheduled, job__isnull=True)
+    # The firings while the first job was queued or running.
+    skipped = ScheduleFiring.objects.filter(
+        schedule=scheduled, job__isnull=True, fired_at__lte=first.finished_at
+    )
     assert skipped.count() >= 2
     assert {firing.skipped for firing in skipped} <= {
         f"replay job {first.id} was still queued",
@@ -205,6 +210,7 @@ def test_schedules_survive_a_restart_of_beat_which_fires_a_missed_slot_once(
     try:
         wait_until(lambda: firings.count() >= 2, timeout=60, what="two firings")
         beat.stop()
+        time.sleep(1)  # the control worker runs the last firing beat sent
         before = firings.count()
         time.sleep(5)
         assert firings.count() == before
