@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from string import ascii_letters, digits
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Q
 
 from broker.models import QUEUE_NAME_MAX_LENGTH
-from console.models import QUEUE_PATTERN_MAX_LENGTH, Grant
+from console.models import QUEUE_PATTERN_MAX_LENGTH, ApiToken, Grant
 from console.roles import Role, user_role
 
 NAME_CHARACTERS = frozenset(ascii_letters + digits + "._/%")
@@ -56,6 +56,14 @@ def pattern_regex(pattern: str) -> str:
     return "^" + "".join(parts.get(c, re.escape(c)) for c in pattern) + "$"
 
 
+def pattern_covers(outer: str, inner: str) -> bool:
+    """Whether every queue name ``inner`` matches, ``outer`` matches too:
+    ``outer``'s ``*`` takes any run of ``inner`` (wildcards included), its
+    ``?`` one character of a name or ``inner``'s own ``?``."""
+    parts = {"*": ".*", "?": "[^*]"}
+    return re.fullmatch("".join(parts.get(c, re.escape(c)) for c in outer), inner) is not None
+
+
 @dataclass(frozen=True)
 class Access:
     """What one caller may do on queues: an installation-wide role, the
@@ -75,6 +83,25 @@ class Access:
 
     def may(self, role: Role, queue_name: str) -> bool:
         return self.role_on(queue_name) >= role
+
+    def holds_on_pattern(self, role: Role, pattern: str) -> bool:
+        """Whether the caller holds ``role`` on every queue ``pattern`` matches."""
+        if role > self.at_most or (
+            self.only_pattern and not pattern_covers(self.only_pattern, pattern)
+        ):
+            return False
+        return self.installation >= role or any(
+            granted >= role and pattern_covers(granted_on, pattern)
+            for granted_on, granted in self.grants
+        )
+
+    def narrowed(self, *, only_pattern: str = "", at_most: Role | None = None) -> Access:
+        """This access as a token limited to ``only_pattern`` and ``at_most`` holds it."""
+        return replace(
+            self,
+            only_pattern=only_pattern or self.only_pattern,
+            at_most=min(self.at_most, at_most) if at_most is not None else self.at_most,
+        )
 
     def queues(self, role: Role, *, field: str = "name") -> Q | None:
         """A filter (on the queue name ``field``) for the queues this caller
@@ -98,9 +125,14 @@ def _any_of(patterns: list[str], field: str) -> Q:
     return Q(**{f"{field}__regex": "|".join(f"({pattern_regex(p)})" for p in patterns)})
 
 
-def access_of(user: AbstractBaseUser | AnonymousUser) -> Access:
+def access_of(user: AbstractBaseUser | AnonymousUser, token: ApiToken | None = None) -> Access:
     """The user's access, read once per request (cached on the user object,
-    which lives for one request)."""
+    which lives for one request); through ``token``, as far as it is narrowed.
+    A token holds what its user holds now: a grant taken from the user is
+    taken from their tokens at once."""
+    if token is not None:
+        at_most = Role(token.at_most) if token.at_most is not None else None
+        return access_of(user).narrowed(only_pattern=token.only_pattern, at_most=at_most)
     cached = getattr(user, "_lazaretto_access", None)
     if cached is not None:
         return cached

@@ -13,9 +13,7 @@ from broker.errors import AlreadyExists, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
 from console.access import pattern_problem
 from console.models import Grant
-from console.roles import Role
-
-GRANT_ROLES = {role.label: role for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)}
+from console.roles import GROUP_ROLES, Role
 
 
 class GrantNotFound(NotFound):
@@ -39,8 +37,8 @@ def _checked(pattern: str, role: str, to: Grantee) -> tuple[Role, User | None, G
     problem = pattern_problem(pattern)
     if problem:
         errors["pattern"] = [problem]
-    if role not in GRANT_ROLES:
-        errors["role"] = [f"Choose one of {', '.join(GRANT_ROLES)}."]
+    if role not in GROUP_ROLES:
+        errors["role"] = [f"Choose one of {', '.join(GROUP_ROLES)}."]
     user = group = None
     if bool(to.user) == bool(to.group):
         errors["user"] = ["Name a user or a group (one of them)."]
@@ -54,7 +52,7 @@ def _checked(pattern: str, role: str, to: Grantee) -> tuple[Role, User | None, G
             errors["group"] = [f"There is no group {to.group!r}."]
     if errors:
         raise InvalidInput("The grant is not valid.", field_errors=errors)
-    return GRANT_ROLES[role], user, group
+    return GROUP_ROLES[role], user, group
 
 
 def grant_add(*, pattern: str, role: str, to: Grantee, actor: Actor) -> Grant:

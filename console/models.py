@@ -28,6 +28,11 @@ class ApiToken(models.Model):
     # Updated at most once a minute (console.tokens.LAST_USED_EVERY).
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A narrowed token: only the queues this pattern matches (blank: its
+    # user's), at most this role (null: its user's); never more than its
+    # user holds at the time of each request (console.access).
+    only_pattern = models.CharField(max_length=QUEUE_PATTERN_MAX_LENGTH, blank=True)
+    at_most = models.PositiveSmallIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

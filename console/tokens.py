@@ -15,8 +15,9 @@ from django.utils import timezone
 
 from broker.errors import AlreadyExists, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
+from console.access import access_of, pattern_problem
 from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
-from console.roles import Role, user_role
+from console.roles import GROUP_ROLES, Role, user_role
 
 KEY_PREFIX = "lzt_"
 # A token's name: something to read, so no control, zero-width or
@@ -44,10 +45,29 @@ def tokens_of(*, user: User) -> QuerySet[ApiToken]:
     return tokens if user_role(user) >= Role.ADMIN else tokens.filter(user=user)
 
 
+def _narrowing_problems(user: User, only_pattern: str, at_most: str) -> dict[str, list[str]]:
+    """What is wrong with narrowing a token of ``user`` to ``only_pattern``
+    and ``at_most`` (a role's name): a token never holds more than its user."""
+    if only_pattern and (problem := pattern_problem(only_pattern)):
+        return {"only_pattern": [problem]}
+    if at_most and at_most not in GROUP_ROLES:
+        return {"at_most": [f"Choose one of {', '.join(GROUP_ROLES)}."]}
+    role = GROUP_ROLES[at_most] if at_most else Role.VIEWER
+    pattern = only_pattern or "*"
+    if not access_of(user).holds_on_pattern(role, pattern):
+        field = "at_most" if at_most else "only_pattern"
+        return {field: [f"You do not hold {role.label} on every queue {pattern} matches."]}
+    return {}
+
+
 @transaction.atomic
-def token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
-    """A new token named ``name`` for ``user``; returns it and its key, which
-    is shown to the user once and cannot be recovered."""
+def token_create(
+    *, user: User, name: str, only_pattern: str = "", at_most: str = ""
+) -> tuple[ApiToken, str]:
+    """A new token named ``name`` for ``user``, narrowed to the queues
+    ``only_pattern`` matches and to the role ``at_most`` when given (never
+    more than the user holds there); returns it and its key, which is shown
+    to the user once and cannot be recovered."""
     name = name.strip()
     problem = ""
     if not name:
@@ -56,13 +76,21 @@ def token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
         problem = f"At most {TOKEN_NAME_MAX_LENGTH} characters."
     elif not re.fullmatch(READABLE_NAME_PATTERN, name):
         problem = PRINTABLE_ONLY
-    if problem:
-        raise InvalidInput(problem, field_errors={"name": [problem]})
+    errors = {"name": [problem]} if problem else {}
+    if only_pattern or at_most:
+        errors.update(_narrowing_problems(user, only_pattern, at_most))
+    if errors:
+        raise InvalidInput(problem or "The token's narrowing is not valid.", field_errors=errors)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     try:
         with transaction.atomic():
             token = ApiToken.objects.create(
-                user=user, name=name, prefix=key[: len(KEY_PREFIX) + 6], digest=_digest(key)
+                user=user,
+                name=name,
+                prefix=key[: len(KEY_PREFIX) + 6],
+                digest=_digest(key),
+                only_pattern=only_pattern,
+                at_most=GROUP_ROLES[at_most] if at_most else None,
             )
     except IntegrityError:
         problem = f"You already have a token named {name!r}."

@@ -10,10 +10,11 @@ from django.contrib.auth.models import Group, User
 from broker.errors import AlreadyExists, InvalidInput
 from broker.models import AuditEvent, Queue
 from broker.services.queues import queue_create
-from console.access import Access, access_of, pattern_matches, pattern_problem
+from console.access import Access, access_of, pattern_covers, pattern_matches, pattern_problem
 from console.grants import Grantee, grant_add, grant_remove, grants_list
-from console.models import Grant
+from console.models import ApiToken, Grant
 from console.roles import Role
+from console.tokens import token_create
 
 pytestmark = pytest.mark.django_db
 
@@ -152,3 +153,67 @@ def test_grants_are_added_listed_refused_twice_and_removed_with_an_audit_event_e
         ("grant.add", "ORDERS.*", "olga"),
         ("grant.remove", "ORDERS.*", "olga"),
     ]
+
+
+# --- narrowed tokens -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "covers"),
+    [
+        ("ORDERS.*", "ORDERS.IN", True),
+        ("ORDERS.*", "ORDERS.EU.*", True),
+        ("*", "ORDERS.*", True),
+        ("ORDERS.IN", "ORDERS.*", False),
+        ("ORDERS.?", "ORDERS.*", False),
+        ("ORDERS.??", "ORDERS.I?", True),
+        ("ORDERS.*", "PAYMENTS.IN", False),
+    ],
+)
+def test_a_pattern_covers_another_when_it_matches_every_name_the_other_does(outer, inner, covers):
+    assert pattern_covers(outer, inner) is covers
+
+
+def test_a_token_narrowed_to_viewer_on_one_queue_holds_nothing_else(operator):
+    token, _ = token_create(user=operator, name="ci", only_pattern="ORDERS.IN", at_most="viewer")
+
+    access = access_of(operator, token)
+
+    assert access.role_on("ORDERS.IN") == Role.VIEWER
+    assert not access.may(Role.OPERATOR, "ORDERS.IN")
+    assert access.role_on("ORDERS.OUT") == Role.NONE
+    assert access_of(operator).role_on("ORDERS.OUT") == Role.OPERATOR
+
+
+def test_a_token_holds_no_more_than_its_user_holds_now():
+    olga = User.objects.create_user(username="olga", password="x" * 20)
+    grant = grant_add(pattern="ORDERS.*", role="operator", to=Grantee(user="olga"), actor=None)
+    token, _ = token_create(user=olga, name="ci", only_pattern="ORDERS.IN", at_most="operator")
+    assert access_of(User.objects.get(id=olga.id), token).role_on("ORDERS.IN") == Role.OPERATOR
+
+    grant_remove(grant_id=grant.id, actor=None)
+
+    assert access_of(User.objects.get(id=olga.id), token).role_on("ORDERS.IN") == Role.NONE
+
+
+@pytest.mark.parametrize(
+    ("only_pattern", "at_most", "field"),
+    [
+        ("PAYMENTS.*", "", "only_pattern"),  # holds nothing there
+        ("ORDERS.*", "admin", "at_most"),  # holds operator there
+        ("ORDERS IN", "", "only_pattern"),
+        ("ORDERS.IN", "owner", "at_most"),
+        ("", "operator", "at_most"),  # not on every queue
+    ],
+)
+def test_a_token_wider_than_its_user_is_refused_and_nothing_is_saved(only_pattern, at_most, field):
+    olga = User.objects.create_user(username="olga", password="x" * 20)
+    grant_add(pattern="ORDERS.*", role="operator", to=Grantee(user="olga"), actor=None)
+
+    with pytest.raises(InvalidInput) as refused:
+        token_create(
+            user=User.objects.get(id=olga.id), name="ci", only_pattern=only_pattern, at_most=at_most
+        )
+
+    assert field in refused.value.field_errors
+    assert not ApiToken.objects.exists()
