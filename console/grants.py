@@ -108,3 +108,75 @@ def grants_list(*, to: Grantee | None = None) -> list[Grant]:
     elif to is not None and to.group:
         grants = grants.filter(group__name=to.group)
     return list(grants)
+
+
+# --- groups ------------------------------------------------------------------------------
+
+
+class GroupNotFound(NotFound):
+    code = "group_not_found"
+
+
+GROUP_NAME_MAX_LENGTH = 150
+
+
+def _team(name: str) -> Group:
+    group = Group.objects.filter(name=name).exclude(name__in=GROUP_ROLES).first()
+    if group is None:
+        raise GroupNotFound(f"There is no group {name!r}.")
+    return group
+
+
+def group_create(*, name: str, actor: Actor) -> Group:
+    """A group of users (a team), to give grants to. The role groups
+    (viewer, operator, admin) are the installation-wide roles, not teams."""
+    name = name.strip()
+    problem = ""
+    if not name:
+        problem = "Give the group a name, such as the team's."
+    elif len(name) > GROUP_NAME_MAX_LENGTH:
+        problem = f"At most {GROUP_NAME_MAX_LENGTH} characters."
+    elif name in GROUP_ROLES:
+        problem = f"{name} is a role: give the group a name of its own."
+    if problem:
+        raise InvalidInput(problem, field_errors={"name": [problem]})
+    try:
+        with transaction.atomic():
+            group = Group.objects.create(name=name)
+            audit_record(action="group.create", actor=actor, details={"group": name})
+    except IntegrityError:
+        problem = f"A group named {name!r} exists already."
+        raise AlreadyExists(problem, field_errors={"name": [problem]}) from None
+    return group
+
+
+@transaction.atomic
+def group_delete(*, name: str, actor: Actor) -> None:
+    """A group goes with its grants; its members stay, without them."""
+    _team(name).delete()
+    audit_record(action="group.delete", actor=actor, details={"group": name})
+
+
+@transaction.atomic
+def group_add_member(*, name: str, user: str, actor: Actor) -> None:
+    member = User.objects.filter(username=user).first()
+    if member is None:
+        problem = f"There is no user {user!r}."
+        raise InvalidInput(problem, field_errors={"user": [problem]})
+    _team(name).user_set.add(member)
+    audit_record(action="group.add", actor=actor, details={"group": name, "user": user})
+
+
+@transaction.atomic
+def group_remove_member(*, name: str, user: str, actor: Actor) -> None:
+    _team(name).user_set.remove(*User.objects.filter(username=user))
+    audit_record(action="group.remove", actor=actor, details={"group": name, "user": user})
+
+
+def groups_list() -> list[Group]:
+    """The teams, by name, with their members and grants."""
+    return list(
+        Group.objects.exclude(name__in=GROUP_ROLES)
+        .prefetch_related("user_set", "queue_grants")
+        .order_by("name")
+    )

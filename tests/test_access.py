@@ -11,7 +11,18 @@ from broker.errors import AlreadyExists, InvalidInput
 from broker.models import AuditEvent, Queue
 from broker.services.queues import queue_create
 from console.access import Access, access_of, pattern_covers, pattern_matches, pattern_problem
-from console.grants import Grantee, grant_add, grant_remove, grants_list
+from console.grants import (
+    Grantee,
+    GroupNotFound,
+    grant_add,
+    grant_remove,
+    grants_list,
+    group_add_member,
+    group_create,
+    group_delete,
+    group_remove_member,
+    groups_list,
+)
 from console.models import ApiToken, Grant
 from console.roles import Role
 from console.tokens import token_create
@@ -217,3 +228,58 @@ def test_a_token_wider_than_its_user_is_refused_and_nothing_is_saved(only_patter
 
     assert field in refused.value.field_errors
     assert not ApiToken.objects.exists()
+
+
+# --- groups ------------------------------------------------------------------------------
+
+
+def test_a_team_is_made_given_members_and_deleted_with_its_grants_each_audited():
+    olga = User.objects.create_user(username="olga", password="x" * 20)
+    group_create(name="orders-team", actor=None)
+    group_add_member(name="orders-team", user="olga", actor=None)
+    grant_add(pattern="ORDERS.*", role="operator", to=Grantee(group="orders-team"), actor=None)
+    assert access_of(User.objects.get(id=olga.id)).role_on("ORDERS.IN") == Role.OPERATOR
+    assert [(g.name, [u.username for u in g.user_set.all()]) for g in groups_list()] == [
+        ("orders-team", ["olga"])
+    ]
+
+    group_remove_member(name="orders-team", user="olga", actor=None)
+    assert access_of(User.objects.get(id=olga.id)).role_on("ORDERS.IN") == Role.NONE
+    group_delete(name="orders-team", actor=None)
+
+    assert not Grant.objects.exists()
+    events = AuditEvent.objects.filter(action__startswith="group").order_by("id")
+    assert [e.action for e in events] == [
+        "group.create",
+        "group.add",
+        "group.remove",
+        "group.delete",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("", InvalidInput),
+        ("operator", InvalidInput),
+        ("x" * 151, InvalidInput),
+        ("team", AlreadyExists),
+    ],
+)
+def test_a_group_that_cannot_be_made_says_why(name, error):
+    Group.objects.create(name="team")
+
+    with pytest.raises(error) as refused:
+        group_create(name=name, actor=None)
+
+    assert "name" in refused.value.field_errors
+
+
+def test_a_role_group_is_no_team_to_delete_or_join():
+    Group.objects.create(name="admin")
+    User.objects.create_user(username="olga", password="x" * 20)
+
+    with pytest.raises(GroupNotFound):
+        group_add_member(name="admin", user="olga", actor=None)
+    with pytest.raises(GroupNotFound):
+        group_delete(name="admin", actor=None)
