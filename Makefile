@@ -99,6 +99,7 @@ test: venv services
 	$(VENV)/bin/mypy .
 	bash scripts/browser.sh
 	bash scripts/spark.sh
+	bash scripts/promtool.sh
 	$(COMPILE)
 	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(PYTEST) --durations=10
 
@@ -107,6 +108,7 @@ test-fast: venv services
 	set -x
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	bash scripts/promtool.sh
 	$(COMPILE)
 	LAZARETTO_TEST_DB_PROFILE=$(LAZARETTO_TEST_DB_PROFILE) $(PYTEST) -m "$(FAST_TIER)"
 

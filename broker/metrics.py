@@ -3,7 +3,9 @@
 Two sources, chosen by where the truth lives:
 
 * The database, read at scrape time by ``BrokerCollector``: queue depths (the
-  per-queue, per-state counters the triggers of migration 0002 keep), the
+  per-queue, per-state counters the triggers of migration 0002 keep), how
+  long each queue's longest-waiting message has waited (one index entry per
+  queue with any waiting), whether the dispatcher delivers each queue, the
   per-queue counters ``broker.services.counting`` adds up in ``QueueTotal``
   (published, delivered, handler errors, crashes, timeouts, dead-lettered,
   blacklisted, poisoned, discarded), the dead-letter handler's actions by
@@ -28,7 +30,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import REGISTRY, Collector
 
 from broker.models import COUNTERS
-from broker.selectors import dead_letter_action_counts, heartbeats, queue_counts
+from broker.selectors import (
+    dead_letter_action_counts,
+    heartbeats,
+    queue_counts,
+    queue_oldest_waiting,
+)
 
 
 def multiproc_dir() -> str:
@@ -88,6 +95,24 @@ class BrokerCollector(Collector):
             for state, count in sorted(queue.depth.items()):
                 depth.add_metric([queue.name, state], count)
         yield depth
+        oldest = queue_oldest_waiting()
+        waiting_age = GaugeMetricFamily(
+            "lazaretto_queue_oldest_waiting_seconds",
+            "Seconds since the queue's longest-waiting (TBDL) message arrived; 0 with none waiting.",
+            labels=["queue"],
+        )
+        for queue in queues:
+            waiting_age.add_metric([queue.name], oldest.get(queue.name, 0.0))
+        yield waiting_age
+        deliverable = GaugeMetricFamily(
+            "lazaretto_queue_deliverable",
+            "1 when the dispatcher delivers the queue's messages (a standard queue, "
+            "not paused, with a consumer), else 0.",
+            labels=["queue"],
+        )
+        for queue in queues:
+            deliverable.add_metric([queue.name], 1 if queue.deliverable else 0)
+        yield deliverable
         for kept in COUNTERS:
             if not kept.metric.name:
                 continue

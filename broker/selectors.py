@@ -12,8 +12,10 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection
 from django.db.models import (
     BinaryField,
+    BooleanField,
     Count,
     Exists,
+    ExpressionWrapper,
     F,
     Func,
     IntegerField,
@@ -617,18 +619,30 @@ def poison_alarms_recent(*, limit: int = 10) -> list[PoisonAlarm]:
 @dataclass(frozen=True)
 class QueueCounts:
     """A queue's depth by state and its all-time counters (``QueueTotal``;
-    zeros before anything happened on it), as /metrics shows them."""
+    zeros before anything happened on it), as /metrics shows them, and
+    whether the dispatcher delivers its messages: a standard queue, not
+    paused, with a consumer (as ``DUE_QUEUES_SQL`` picks them)."""
 
     name: str
     depth: dict[str, int]
     totals: dict[str, int]
+    deliverable: bool
 
 
 def queue_counts() -> list[QueueCounts]:
     """Every queue's depth and totals by name: three small queries (queues,
     depth counters, totals), one row each per queue or state."""
-    queues = list(Queue.objects.order_by("name").values_list("id", "name"))
-    depths = queue_depths(queue_ids=[queue_id for queue_id, _ in queues])
+    queues = list(
+        Queue.objects.order_by("name")
+        .annotate(
+            deliverable=ExpressionWrapper(
+                Q(kind=QueueKind.STANDARD, paused=False) & ~Q(consumer=""),
+                output_field=BooleanField(),
+            )
+        )
+        .values_list("id", "name", "deliverable")
+    )
+    depths = queue_depths(queue_ids=[queue_id for queue_id, _, _ in queues])
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT queue_id, {', '.join(COUNTER_COLUMNS)} FROM broker_queuetotal_current"  # noqa: S608
@@ -642,9 +656,38 @@ def queue_counts() -> list[QueueCounts]:
             name=name,
             depth=depths[queue_id],
             totals={key: totals.get(queue_id, zeros)[key] for key in COUNTER_COLUMNS},
+            deliverable=deliverable,
         )
-        for queue_id, name in queues
+        for queue_id, name, deliverable in queues
     ]
+
+
+# How long each queue's longest-waiting message has waited, on the
+# database's clock: for the queues whose TBDL counter is above zero, the
+# first entry of message_waiting_idx (queue_id, enqueued_at, id WHERE
+# state = 'TBDL'), one index probe each. Queues with nothing waiting are
+# not probed: their index entries may all be dead ones awaiting VACUUM.
+QUEUE_OLDEST_WAITING_SQL = """
+SELECT q.name,
+       greatest(extract(epoch FROM now() - (
+           SELECT m.enqueued_at FROM broker_message AS m
+           WHERE m.queue_id = q.id AND m.state = 'TBDL'
+           ORDER BY m.enqueued_at LIMIT 1
+       )), 0)
+FROM broker_queue AS q
+JOIN broker_queuedepth_current AS d ON d.queue_id = q.id AND d.state = 'TBDL'
+WHERE d.count > 0
+"""
+
+
+def queue_oldest_waiting() -> dict[str, float]:
+    """Seconds since each queue's longest-waiting (TBDL) message arrived
+    (``enqueued_at``), for the queues with any waiting: one query
+    (``QUEUE_OLDEST_WAITING_SQL``). A delayed message counts from its
+    arrival, not from when it becomes due."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_OLDEST_WAITING_SQL)
+        return {name: float(seconds) for name, seconds in cursor.fetchall()}
 
 
 @dataclass(frozen=True)

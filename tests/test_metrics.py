@@ -4,21 +4,26 @@ token or from an allowed network may read it."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from datetime import timedelta
 from ipaddress import ip_network
 
 import pytest
+from django.db import connection
 from django.db.models import Count
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.models import AuditEvent, Message, MessageState, Queue
+from broker.selectors import QUEUE_OLDEST_WAITING_SQL
 from broker.services.dead_letters import dead_letter_scan
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.queues import queue_create
+from broker.services.queues import queue_create, queue_pause
 from broker.services.rule_tables import rule_table_activate, rule_table_create
 from rig.processes import wait_until
-from tests.support.messages import dead_lettered
+from tests.support.messages import claimed, dead_lettered
 from tests.support.processes import refused_at_start_up
 from tests.support.publishing import published
 
@@ -220,6 +225,55 @@ def test_a_rolled_back_publish_counts_nothing(transactional_db):
         messages_publish(queue_name=queue.name, messages=[NewMessage(payload=b"x")])
 
     assert value(scrape(Client()), "lazaretto_messages_published_total", queue=queue.name) == 2
+
+
+def test_the_oldest_waiting_age_is_that_of_the_earliest_arrival_still_waiting(
+    transactional_db,
+):
+    busy = queue_create(name="AGE.BUSY")
+    idle = queue_create(name="AGE.IDLE")
+    in_flight, older, newer = published(busy, 3)
+    arrivals = {in_flight: timedelta(hours=1), older: timedelta(minutes=10), newer: timedelta(0)}
+    for message_id, ago in arrivals.items():
+        Message.objects.filter(id=message_id).update(enqueued_at=timezone.now() - ago)
+    # The earliest arrival is being delivered: it waits no more.
+    assert claimed(busy, 1) == [in_flight]
+
+    samples = scrape(Client())
+
+    assert 600 <= value(samples, "lazaretto_queue_oldest_waiting_seconds", queue=busy.name) < 660
+    assert value(samples, "lazaretto_queue_oldest_waiting_seconds", queue=idle.name) == 0
+
+
+def test_the_oldest_waiting_age_reads_one_entry_of_the_waiting_index_per_queue(db):
+    queue = queue_create(name="AGE.PLAN")
+    published(queue, 5)
+    with connection.cursor() as cursor:
+        # Sequential and bitmap scans off, so that the few rows of a test
+        # table cannot hide a query that no longer matches the index.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute(f"EXPLAIN {QUEUE_OLDEST_WAITING_SQL}")
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+
+    # The first entry of the live partition's message_waiting_idx, no sort.
+    first_entry = r"Limit .*\n\s*->  Index (Only )?Scan using broker_message_live_queue_id_enqueued_at_id_idx "
+    assert re.search(first_entry, plan), plan
+
+
+def test_only_a_standard_queue_with_a_consumer_not_paused_is_deliverable(transactional_db):
+    queue_create(name="SERVED.Q", consumer="noop")
+    queue_pause(queue=queue_create(name="PAUSED.Q", consumer="noop"), paused=True)
+    queue_create(name="UNSERVED.Q")
+    queue_create(name="SERVED.DLQ", kind="dead_letter")
+
+    samples = scrape(Client())
+
+    deliverable = {
+        name: value(samples, "lazaretto_queue_deliverable", queue=name)
+        for name in ("SERVED.Q", "PAUSED.Q", "UNSERVED.Q", "SERVED.DLQ")
+    }
+    assert deliverable == {"SERVED.Q": 1, "PAUSED.Q": 0, "UNSERVED.Q": 0, "SERVED.DLQ": 0}
 
 
 # --- who may read it -----------------------------------------------------------

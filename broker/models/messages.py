@@ -157,6 +157,9 @@ class Message(models.Model):
             # discard_old's earliest arrivals waiting in a queue:
             #   SELECT id FROM broker_message WHERE queue_id = $1 AND state = 'TBDL'
             #   ORDER BY enqueued_at, id LIMIT $excess FOR UPDATE SKIP LOCKED
+            # and each queue's longest-waiting message (triage, /metrics):
+            #   SELECT enqueued_at FROM broker_message WHERE queue_id = $1
+            #   AND state = 'TBDL' ORDER BY enqueued_at LIMIT 1
             models.Index(
                 fields=["queue", "enqueued_at", "id"],
                 name="message_waiting_idx",

@@ -1,6 +1,6 @@
 # apt_install PKG...: install Debian packages for the scripts that need them
-# (services.sh, spark.sh, browser.sh), which source this file and define msg
-# and die.
+# (services.sh, spark.sh, browser.sh, promtool.sh), which source this file and
+# define msg and die.
 #
 # Runs apt-get non-interactively as root, or through passwordless sudo, and
 # never starts a package's system service (a policy-rc.d answering 101 while
