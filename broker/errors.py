@@ -55,6 +55,21 @@ class ConfirmationMismatch(Conflict):
     code = "confirmation_mismatch"
 
 
+class QueueIsNotDeadLetter(Conflict):
+    """A queue named where a dead-letter queue belongs (a dead-letter
+    replay's source) is one that delivers: well formed, but the queue is of
+    the other kind."""
+
+    code = "queue_is_not_dead_letter"
+
+
+class ReplayIntoDeadLetter(Conflict):
+    """A replay's target that is a dead-letter queue: messages arrive there
+    only by dead-lettering, as a publish there is refused (the same code)."""
+
+    code = "queue_is_dead_letter"
+
+
 class NotFound(BrokerError):
     """What a getter was asked for does not exist. The console answers any
     of these with its 404 page, the API with 404 and the subclass's code."""

@@ -232,6 +232,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Lazaretto API",
     "DESCRIPTION": "Queues, messages and their quarantine.",
     "VERSION": "1",
+    # 3.1 (JSON Schema 2020-12): an object's keys can be constrained too
+    # (propertyNames), so the schema states what a message header's name may be.
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["console.roles.HasRole"],
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -248,6 +251,7 @@ SPECTACULAR_SETTINGS = {
         "console.api.schema.close_request_bodies",
         "console.api.schema.split_request_shapes",
         "console.api.schema.nonempty_query_strings",
+        "console.api.schema.nulls_as_openapi_31",
     ],
 }
 

@@ -6,8 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.db import connection
+from drf_spectacular.generators import SchemaGenerator
+from jsonschema import Draft202012Validator
 
 from broker.models import Message, MessageState, Queue
+from broker.services.publish import MAX_HEADER_NAME_LENGTH, MAX_HEADERS
+from broker.services.topics import subscription_create, topic_create
 from tests.support.messages import payload_of
 
 if TYPE_CHECKING:
@@ -221,3 +225,92 @@ def test_the_depth_counters_match_the_rows_after_publishing(operator_api, orders
         ]
         == 7
     )
+
+
+# Headers the schema and the API take, and headers both refuse: a name
+# blank, too long or holding a NUL (which PostgreSQL cannot store), too many.
+LONGEST_NAME = "n" * MAX_HEADER_NAME_LENGTH
+HEADERS = [
+    pytest.param({LONGEST_NAME: "v"}, True, id="longest-name"),
+    pytest.param({f"h{n}": "v" for n in range(MAX_HEADERS)}, True, id="most-headers"),
+    pytest.param({"": "v"}, False, id="blank-name"),
+    pytest.param({f"{LONGEST_NAME}n": "v"}, False, id="name-too-long"),
+    pytest.param({"\u0000": "v"}, False, id="nul-name"),
+    pytest.param({"a\u0000b": "v"}, False, id="nul-inside-name"),
+    pytest.param({"k": "a\u0000"}, False, id="nul-value"),
+    pytest.param({f"h{n}": "v" for n in range(MAX_HEADERS + 1)}, False, id="too-many"),
+]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+@pytest.fixture
+def topic(db):
+    topic = topic_create(name="ORDERS", topic_string="orders")
+    subscription_create(
+        name="BILLING", topic=topic, queue_name="BILLING.Q", topic_filter="orders/#"
+    )
+    return topic
+
+
+@pytest.mark.parametrize(("headers", "valid"), HEADERS)
+@pytest.mark.parametrize(
+    ("operation", "path"),
+    [
+        ("/api/v1/queues/{name}/messages/", "/api/v1/queues/ORDERS.IN/messages/"),
+        ("/api/v1/topics/{name}/messages/", "/api/v1/topics/ORDERS/messages/"),
+    ],
+)
+def test_the_schema_states_which_headers_a_publish_takes(
+    operator_api, schema, orders, topic, operation, path, headers, valid
+):
+    """OpenAPI 3.1 constrains an object's keys (propertyNames): what the
+    schema calls a valid publish, the API stores, and what it refuses, the
+    API refuses, naming the headers."""
+    body_schema = schema["paths"][operation]["post"]["requestBody"]["content"]["application/json"]
+    validator = Draft202012Validator({**body_schema["schema"], "components": schema["components"]})
+    body = {"messages": [{"payload": "x", "headers": headers}]}
+
+    response = operator_api.post(path, body, format="json")
+
+    assert validator.is_valid(body) is valid
+    if valid:
+        assert response.status_code == 201, response.json()
+    else:
+        assert response.status_code == 400, response.json()
+        assert response.json()["code"] == "invalid"
+        assert [
+            field.startswith("messages[0].headers") for field in response.json()["field_errors"]
+        ] == [True]
+        assert stored() == 0
+
+
+def test_a_topic_publish_no_subscription_takes_is_still_checked(operator_api, db):
+    """Nothing is written, but what the schema refuses the API refuses too."""
+    topic_create(name="QUIET", topic_string="quiet")
+
+    response = operator_api.post(
+        "/api/v1/topics/QUIET/messages/",
+        {"payload": "x", "headers": {"\u0000": "v"}},
+        format="json",
+    )
+
+    assert response.status_code == 400, response.json()
+    assert list(response.json()["field_errors"]) == ["messages[0].headers"]
+
+
+def test_a_whole_number_written_with_a_zero_fraction_is_that_number(operator_api, orders):
+    """JSON Schema 2020-12 (OpenAPI 3.1's) counts 8.0 an integer, as a
+    client's JSON library may write it; 8.5 is none."""
+    whole = operator_api.post(
+        url("ORDERS.IN"), {"payload": "x", "priority": 8.0, "delay_seconds": 0.0}, format="json"
+    )
+    half = operator_api.post(url("ORDERS.IN"), {"payload": "y", "priority": 8.5}, format="json")
+
+    assert whole.status_code == 201, whole.json()
+    assert Message.objects.get().priority == 8
+    assert half.status_code == 400
+    assert list(half.json()["field_errors"]) == ["messages[0].priority"]

@@ -143,9 +143,7 @@ def test_a_preview_counts_what_the_filter_matches_and_stores_nothing(operator_ap
         ({"dry_run": "maybe"}, "dry_run"),
         ({"source": "nowhere"}, "source"),
         ({"source_queue": ""}, "source_queue"),
-        ({"source_queue": "ORDERS.IN"}, "source_queue"),
         ({"source": "blacklist"}, "source_queue"),
-        ({"target_queue": DLQ}, "target_queue"),
         ({"rules_text": "ACTION(FLY)\n"}, "rules_text"),
         ({"filter": "ORDERS.IN"}, "filter"),
         ({"filter": {"queues": "ORDERS.IN"}}, "queues"),
@@ -186,6 +184,48 @@ def test_a_job_naming_a_queue_that_is_not_there_is_404_by_field(
     assert (response.status_code, response.json()["code"]) == (404, "queue_not_found")
     assert response.json()["field_errors"][field] == ["There is no queue named 'NO.SUCH.Q'."]
     assert not ReplayJob.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "code", "queue"),
+    [
+        ({"source_queue": "ORDERS.IN"}, "source_queue", "queue_is_not_dead_letter", "ORDERS.IN"),
+        ({"target_queue": DLQ}, "target_queue", "queue_is_dead_letter", DLQ),
+    ],
+)
+@pytest.mark.parametrize("path", [JOBS, PREVIEW])
+def test_a_job_naming_a_queue_of_the_wrong_kind_is_409_naming_the_queue(
+    operator_api, orders, body, field, code, queue, path
+):
+    """The body is what the schema asks for; the queue it names is of the
+    other kind: a conflict with what exists, as a publish to a dead-letter
+    queue is."""
+    response = operator_api.post(path, {**BASE, **body}, format="json")
+
+    assert (response.status_code, response.json()["code"]) == (409, code)
+    assert response.json()["detail"].startswith(f"{queue} is ")
+    assert list(response.json()["field_errors"]) == [field]
+    assert not ReplayJob.objects.exists()
+
+
+def test_a_fault_of_the_job_itself_outranks_a_queue_of_the_wrong_kind(operator_api, orders):
+    response = operator_api.post(
+        JOBS, {**BASE, "source_queue": "ORDERS.IN", "rules_text": "ACTION(FLY)\n"}, format="json"
+    )
+
+    assert (response.status_code, response.json()["code"]) == (400, "invalid")
+    assert set(response.json()["field_errors"]) == {"source_queue", "rules_text"}
+
+
+def test_a_queue_that_is_not_there_outranks_one_of_the_wrong_kind(operator_api, orders):
+    response = operator_api.post(
+        JOBS,
+        {**BASE, "source_queue": "ORDERS.IN", "filter": {"queues": ["NO.SUCH.Q"]}},
+        format="json",
+    )
+
+    assert (response.status_code, response.json()["code"]) == (404, "queue_not_found")
+    assert set(response.json()["field_errors"]) == {"source_queue", "queues"}
 
 
 def test_rules_errors_name_their_line_and_column(operator_api):
@@ -352,4 +392,11 @@ def test_the_schema_documents_replay_jobs_and_generates_without_warnings(
     ]
     spec = schema["components"]["schemas"]["DeadLetterReplaySpecRequest"]["properties"]
     assert spec["filter"] == {"$ref": "#/components/schemas/ReplayFilterRequest"}
-    assert spec["velocity"]["nullable"] is True
+    assert spec["velocity"]["type"] == ["integer", "null"]
+    for path in ("/api/v1/replay-jobs/", "/api/v1/replay-jobs/preview/"):
+        conflict = schema["paths"][path]["post"]["responses"]["409"]
+        assert "`queue_is_not_dead_letter`" in conflict["description"], path
+        assert "`queue_is_dead_letter`" in conflict["description"], path
+        assert conflict["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/Error"
+        }

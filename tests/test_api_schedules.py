@@ -667,5 +667,8 @@ def test_the_schema_documents_schedules_and_generates_without_warnings(viewer_ap
     patched = components["PatchedReplayScheduleInRequest"]
     assert "required" not in patched
     assert not [name for name, field in patched["properties"].items() if "default" in field]
-    assert components["ReplaySchedule"]["properties"]["last_job"]["nullable"] is True
+    assert components["ReplaySchedule"]["properties"]["last_job"]["oneOf"] == [
+        {"$ref": "#/components/schemas/LastJob"},
+        {"type": "null"},
+    ]
     assert "given_up_by" in components["DeadLetterMessage"]["required"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
-from jsonschema import Draft4Validator
+from jsonschema import Draft202012Validator
 
 ROOT = Path(__file__).resolve().parent.parent
 # A run bounded by cases, not by time: every phase draws MAX_EXAMPLES per
@@ -72,12 +72,10 @@ def test_every_default_the_schema_states_is_a_valid_value():
         for field, definition in component.get("properties", {}).items():
             default = definition.get("default")
             # A reference's default (an enum's) is checked by its schema's own
-            # validation; null is what "nullable" allows.
+            # validation.
             if "default" not in definition or "$ref" in json.dumps(definition):
                 continue
-            if default is None and definition.get("nullable"):
-                continue
-            errors = Draft4Validator(definition).iter_errors(default)
+            errors = Draft202012Validator(definition).iter_errors(default)
             wrong += [f"{name}.{field}: {error.message}" for error in errors]
     assert wrong == []
 
@@ -94,3 +92,33 @@ def test_every_operation_states_the_503_of_an_outage():
         if "redis_unavailable" not in str(operation["responses"].get("503", {}).get("description"))
     ]
     assert missing == []
+
+
+def test_the_schema_is_openapi_3_1_and_says_null_its_way():
+    """Every schema in it is valid JSON Schema 2020-12 (OpenAPI 3.1's), and
+    null is a "null" in a type list: 3.0's ``nullable``, which 3.1 ignores,
+    would make a null answer off its schema; ``oneOf: [{}, null]`` refuses
+    a null, which matches both."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    found: list[str] = []
+
+    def visit(node: object, where: str) -> None:
+        if isinstance(node, list):
+            for index, item in enumerate(node):
+                visit(item, f"{where}[{index}]")
+        if not isinstance(node, dict):
+            return
+        if "nullable" in node:
+            found.append(f"{where}: nullable")
+        if isinstance(node.get("oneOf"), list) and {} in node["oneOf"]:
+            found.append(f"{where}: oneOf with {{}}")
+        for key, value in node.items():
+            visit(value, f"{where}/{key}")
+
+    visit(schema["paths"], "paths")
+    visit(schema["components"], "components")
+    meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
+    for name, component in schema["components"]["schemas"].items():
+        found += [f"{name}: {error.message}" for error in meta.iter_errors(component)]
+    assert schema["openapi"] == "3.1.0"
+    assert found == []

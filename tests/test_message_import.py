@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from drf_spectacular.generators import SchemaGenerator
+from jsonschema import Draft202012Validator
 
 from broker.models import AuditEvent, Message, Queue
 from broker.services.queues import queue_create
 from tests.support.transfer import (
+    JSON_LINES,
     contents,
     exported,
     imported,
@@ -121,6 +124,37 @@ def test_a_file_that_is_not_json_lines_is_refused_line_by_line(operator_api, tar
     assert imported(operator_api, "ORDERS.COPY", "").json()["code"] == "import_invalid"
     assert imported(operator_api, "ORDERS.COPY", b"\xff\xfe\x00\n").status_code == 400
     assert not Message.objects.filter(queue=target).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "valid"),
+    [
+        pytest.param("", False, id="empty"),
+        pytest.param("\n \r\n\t\n", False, id="blank-lines"),
+        pytest.param(f"\n{GOOD}\n\n", True, id="a-message-among-blank-lines"),
+    ],
+)
+@pytest.mark.parametrize("media_type", [JSON_LINES, "text/plain"])
+def test_the_schema_states_that_a_body_holds_a_line_that_is_not_blank(
+    operator_api, target, media_type, body, valid
+) -> None:
+    """A body without a message is one the schema refuses, as the API does;
+    and the body is required, so a client sends one."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    request_body = schema["paths"]["/api/v1/queues/{name}/messages/import/"]["post"]["requestBody"]
+    validator = Draft202012Validator(request_body["content"][media_type]["schema"])
+
+    response = operator_api.generic(
+        "POST", "/api/v1/queues/ORDERS.COPY/messages/import/", body, content_type=media_type
+    )
+
+    assert request_body["required"] is True
+    assert validator.is_valid(body) is valid
+    if valid:
+        assert (response.status_code, response.json()["count"]) == (201, 1)
+    else:
+        assert (response.status_code, response.json()["code"]) == (400, "import_invalid")
+        assert not Message.objects.filter(queue=target).exists()
 
 
 def test_partial_writes_the_good_lines_and_lists_the_bad(operator_api, target) -> None:

@@ -11,7 +11,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from broker.errors import InvalidInput, NamesNothing
+from broker.errors import (
+    InvalidInput,
+    NamesNothing,
+    QueueIsNotDeadLetter,
+    ReplayIntoDeadLetter,
+)
 from broker.models import Queue, QueueKind, ReplayJob, ReplaySource
 from broker.rules import parse
 
@@ -103,33 +108,51 @@ class ReplaySpec:
 
 NO_QUEUE = "There is no queue named"
 
+# How a job is refused, the first of these that one of its problems calls
+# for (any other problem calls for InvalidInput): its own faults first (400
+# in the API), then queues it names that are not there (404), then queues of
+# the wrong kind (409). The field errors list every problem, whatever the
+# refusal.
+REFUSALS: tuple[type[InvalidInput], ...] = (
+    InvalidInput,
+    NamesNothing,
+    QueueIsNotDeadLetter,
+    ReplayIntoDeadLetter,
+)
 
-def _queue_problems(spec: ReplaySpec) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = {}
+
+def _queue_problems(spec: ReplaySpec) -> dict[str, tuple[type[InvalidInput], str]]:
+    """What is wrong with the queues ``spec`` names, by field: the refusal
+    each problem calls for, and the problem."""
+    problems: dict[str, tuple[type[InvalidInput], str]] = {}
     names = {spec.source_queue, spec.target_queue, *spec.filter.queues} - {""}
     queues = {queue.name: queue for queue in Queue.objects.filter(name__in=names)}
     if spec.source == ReplaySource.DEAD_LETTER:
         source = queues.get(spec.source_queue)
         if not spec.source_queue:
-            errors["source_queue"] = ["Name the dead-letter queue to replay from."]
+            problems["source_queue"] = (InvalidInput, "Name the dead-letter queue to replay from.")
         elif source is None:
-            errors["source_queue"] = [f"{NO_QUEUE} {spec.source_queue!r}."]
+            problems["source_queue"] = (NamesNothing, f"{NO_QUEUE} {spec.source_queue!r}.")
         elif source.kind != QueueKind.DEAD_LETTER:
-            errors["source_queue"] = [f"{spec.source_queue} is not a dead-letter queue."]
+            problems["source_queue"] = (
+                QueueIsNotDeadLetter,
+                f"{spec.source_queue} is not a dead-letter queue.",
+            )
     elif spec.source_queue:
-        errors["source_queue"] = ["Only a dead-letter source names a source queue."]
+        problems["source_queue"] = (InvalidInput, "Only a dead-letter source names a source queue.")
     unknown = sorted(set(spec.filter.queues) - set(queues))
     if unknown:
-        errors["queues"] = [f"{NO_QUEUE} {', '.join(map(repr, unknown))}."]
+        problems["queues"] = (NamesNothing, f"{NO_QUEUE} {', '.join(map(repr, unknown))}.")
     if spec.target_queue:
         target = queues.get(spec.target_queue)
         if target is None:
-            errors["target_queue"] = [f"{NO_QUEUE} {spec.target_queue!r}."]
+            problems["target_queue"] = (NamesNothing, f"{NO_QUEUE} {spec.target_queue!r}.")
         elif target.kind == QueueKind.DEAD_LETTER:
-            errors["target_queue"] = [
-                f"{spec.target_queue} is a dead-letter queue; replay to a queue that delivers."
-            ]
-    return errors
+            problems["target_queue"] = (
+                ReplayIntoDeadLetter,
+                f"{spec.target_queue} is a dead-letter queue; replay to a queue that delivers.",
+            )
+    return problems
 
 
 def window_problem(since: datetime | None, until: datetime | None) -> str | None:
@@ -143,11 +166,15 @@ def window_problem(since: datetime | None, until: datetime | None) -> str | None
 
 
 def replay_validate(spec: ReplaySpec) -> None:
-    """Refuse a job that cannot run as asked, with every problem by field."""
+    """Refuse a job that cannot run as asked, with every problem by field:
+    InvalidInput, or where every problem is a queue it names, NamesNothing
+    for one that is not there and else a Conflict for one of the wrong kind
+    (QueueIsNotDeadLetter, ReplayIntoDeadLetter; REFUSALS)."""
     errors: dict[str, list[str]] = {}
     if spec.source not in ReplaySource.values:
         errors["source"] = [f"Choose one of {', '.join(ReplaySource.values)}."]
-    errors.update(_queue_problems(spec))
+    queue_problems = _queue_problems(spec)
+    errors.update({name: [problem] for name, (_, problem) in queue_problems.items()})
     window = spec.filter
     pair = window.header_pair
     if pair is not None and (not pair[0] or "=" not in window.header):
@@ -166,11 +193,29 @@ def replay_validate(spec: ReplaySpec) -> None:
                 f"line {error.line}, column {error.column}: {error.message}"
                 for error in result.errors
             ]
-    if errors and all(message.startswith(NO_QUEUE) for m in errors.values() for message in m):
-        # Only names that name nothing: as a path naming no queue would be.
-        raise NamesNothing("The replay job names queues that are not there.", field_errors=errors)
-    if errors:
-        raise InvalidInput("The replay job is not valid.", field_errors=errors)
+    if not errors:
+        return
+    refusals = {
+        queue_problems[name][0] if name in queue_problems else InvalidInput for name in errors
+    }
+    refusal = next(kind for kind in REFUSALS if kind in refusals)
+    raise refusal(_refusal_detail(refusal, spec), field_errors=errors)
+
+
+def _refusal_detail(refusal: type[InvalidInput], spec: ReplaySpec) -> str:
+    if refusal is NamesNothing:
+        return "The replay job names queues that are not there."
+    if refusal is QueueIsNotDeadLetter:
+        return (
+            f"{spec.source_queue} is not a dead-letter queue; a dead-letter replay reads "
+            "the messages of a dead-letter queue."
+        )
+    if refusal is ReplayIntoDeadLetter:
+        return (
+            f"{spec.target_queue} is a dead-letter queue; messages arrive there only by "
+            "dead-lettering. Replay to a queue that delivers."
+        )
+    return "The replay job is not valid."
 
 
 def replay_spec_parse(

@@ -142,8 +142,10 @@ def _unstorable(text: str) -> str | None:
     return None
 
 
-def _validate(message: NewMessage, index: int, queue: Queue) -> None:
-    """Raise for the first rule ``message`` (item ``index`` of its batch) breaks."""
+def _validate(message: NewMessage, index: int, queues: Sequence[Queue]) -> None:
+    """Raise for the first rule ``message`` (item ``index`` of its batch)
+    breaks, written into each of ``queues``. With none (a topic publish no
+    subscription takes) the message's own rules still hold."""
 
     def invalid(field_name: str, problem: str) -> InvalidInput:
         return InvalidInput(
@@ -153,14 +155,15 @@ def _validate(message: NewMessage, index: int, queue: Queue) -> None:
 
     if not isinstance(message.payload, bytes):
         raise invalid("payload", "The payload must be bytes.")
-    if len(message.payload) > queue.max_payload_bytes:
-        raise PayloadTooLarge(
-            f"Message {index}: the payload is {len(message.payload):,} bytes; "
-            f"queue {queue.name} accepts at most {queue.max_payload_bytes:,}.",
-            index=index,
-            size=len(message.payload),
-            limit=queue.max_payload_bytes,
-        )
+    for queue in queues:
+        if len(message.payload) > queue.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Message {index}: the payload is {len(message.payload):,} bytes; "
+                f"queue {queue.name} accepts at most {queue.max_payload_bytes:,}.",
+                index=index,
+                size=len(message.payload),
+                limit=queue.max_payload_bytes,
+            )
     if isinstance(message.priority, bool) or not isinstance(message.priority, int):
         raise invalid("priority", "The priority must be a whole number from 0 to 9.")
     if not 0 <= message.priority <= 9:
@@ -317,9 +320,9 @@ def _publish(
     """Validate, then write the batch into every target queue in one
     transaction, enforcing each target's limit (broker.services.limits).
     Returns the new ids by queue id."""
-    for target in targets:
-        for index, message in enumerate(messages):
-            _validate(message, index, target.queue)
+    queues = [target.queue for target in targets]
+    for index, message in enumerate(messages):
+        _validate(message, index, queues)
     limited = [target for target in targets if target.max_messages is not None]
     if not limited and len(targets) == 1 and len(messages) <= INSERT_MAX_MESSAGES:
         queue = targets[0].queue

@@ -415,7 +415,7 @@ def _parse_line(text: str | bytes, line: int, queue: Queue) -> NewMessage:
         raise _Refused(f"not JSON ({error}).") from None
     message = message_from_document(document)
     try:
-        _validate(message, line, queue)
+        _validate(message, line, [queue])
     except BrokerError as error:
         # "Message 3: the payload is ..." -> "the payload is ..."
         raise _Refused(error.detail.split(": ", 1)[-1]) from None

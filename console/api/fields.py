@@ -16,7 +16,7 @@ from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from broker.consumers import MAX_WEBHOOK_TIMEOUT_SECONDS, MIN_WEBHOOK_TIMEOUT_SECONDS
 from broker.errors import NotFound
-from broker.services.publish import MAX_EXPIRY_SECONDS
+from broker.services.publish import MAX_EXPIRY_SECONDS, MAX_HEADER_NAME_LENGTH, MAX_HEADERS
 
 # What DRF's text fields take, as patterns the schema states: no NUL
 # (PostgreSQL's text cannot hold one) and, where blank is refused, some
@@ -54,6 +54,8 @@ def _type_errors(field: serializers.Field[Any, Any, Any, Any], value: Any) -> An
         return None
     for kind, types, message in JSON_TYPES:
         if isinstance(field, kind):
+            if kind is serializers.IntegerField and isinstance(value, float) and value.is_integer():
+                break  # 2.0 is the integer 2 (JSON Schema 2020-12, OpenAPI 3.1's)
             # Booleans are ints in Python; a number field refuses them.
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 return [message]
@@ -254,6 +256,26 @@ class ExpiryField(FiniteFloatField):
         if value <= 0:
             self.fail("not_positive")
         return value
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": MAX_HEADERS,
+        "propertyNames": {"minLength": 1, "maxLength": MAX_HEADER_NAME_LENGTH, "pattern": NO_NUL},
+        "additionalProperties": {"type": "string", "pattern": NO_NUL},
+    }
+)
+class HeadersField(serializers.DictField):
+    """A message's headers: a flat object of string values. The schema states
+    what the publish service holds them to (broker.services.publish): how
+    many, a name's length, no NUL in a name or a value (PostgreSQL cannot
+    store one). Only their total size as JSON is the service's alone to say."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            child=serializers.CharField(allow_blank=True, trim_whitespace=False), **kwargs
+        )
 
 
 def as_mapping(detail: Any) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from console.api.fields import (
     BodyModelSerializer,
     BodySerializer,
     ExpiryField,
+    HeadersField,
     NameRelatedField,
     PayloadField,
     WebhookTimeoutField,
@@ -226,11 +227,7 @@ class MessageInSerializer(BodySerializer[NewMessage]):
         help_text="How `payload` is written: `string` (UTF-8 text) or `base64` (any bytes).",
     )
     content_type = serializers.CharField(max_length=100, default="application/octet-stream")
-    headers = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
-        default=dict,
-        help_text="A flat object of string values.",
-    )
+    headers = HeadersField(default=dict, help_text="A flat object of string values.")
     priority = serializers.IntegerField(min_value=0, max_value=9, default=4)
     delay_seconds = serializers.IntegerField(min_value=0, max_value=MAX_DELAY_SECONDS, default=0)
     expires_in_seconds = ExpiryField(

@@ -7,7 +7,7 @@ from typing import Any
 
 import django_filters
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -33,7 +33,7 @@ from broker.pipeline.selection import (
 from broker.pipeline.selectors import replay_job_get, replay_preview
 from console.api.fields import BodyModelSerializer, BodySerializer, as_mapping
 from console.api.messages import NewestFirst
-from console.api.schema import ERROR, one_of
+from console.api.schema import ERROR, ErrorSerializer, one_of
 
 
 class ReplayFilterSerializer(BodySerializer[MessageSelection]):
@@ -246,6 +246,27 @@ REPLAY_SPEC_ERRORS = (
     "names (`queues`, `reason`, `since`, `until`, `header`, `payload_text`). Unknown keys are "
     "refused."
 )
+# A job's queues, as the replay service refuses them (broker.pipeline.selection).
+REPLAY_QUEUE_ERRORS = (
+    " Where every problem is a queue it names: 404 `queue_not_found` for one that is not "
+    "there, else 409 for one of the wrong kind (`queue_is_not_dead_letter`, "
+    "`queue_is_dead_letter`)."
+)
+REPLAY_SPEC_RESPONSES = {
+    400: ERROR,
+    403: ERROR,
+    404: OpenApiResponse(
+        ErrorSerializer,
+        description="A queue the job names is not there (`queue_not_found`, with "
+        "`field_errors` naming each).",
+    ),
+    409: OpenApiResponse(
+        ErrorSerializer,
+        description="A queue the job names is of the wrong kind: `source_queue` is not a "
+        "dead-letter queue (`queue_is_not_dead_letter`), or `target_queue` is one "
+        "(`queue_is_dead_letter`); `detail` names the queue, `field_errors` the field.",
+    ),
+}
 
 
 class ReplayJobListView(ListAPIView[ReplayJob]):
@@ -258,10 +279,11 @@ class ReplayJobListView(ListAPIView[ReplayJob]):
 
     @extend_schema(
         request=ReplaySpecSerializer,
-        responses={201: ReplayJobSerializer, 400: ERROR, 403: ERROR},
+        responses={201: ReplayJobSerializer, **REPLAY_SPEC_RESPONSES},
         description="Submit a replay job (operator). It is checked whole: anything wrong is "
-        "400 with an error per field and nothing is stored. A worker runs it on Spark. "
-        + REPLAY_SPEC_ERRORS,
+        "refused with an error per field and nothing is stored. A worker runs it on Spark. "
+        + REPLAY_SPEC_ERRORS
+        + REPLAY_QUEUE_ERRORS,
     )
     def post(self, request: Request) -> Response:
         serializer = ReplaySpecSerializer(data=request.data)
@@ -273,9 +295,11 @@ class ReplayJobListView(ListAPIView[ReplayJob]):
 class ReplayPreviewView(APIView):
     @extend_schema(
         request=ReplaySpecSerializer,
-        responses={200: ReplayPreviewSerializer, 400: ERROR, 403: ERROR},
+        responses={200: ReplayPreviewSerializer, **REPLAY_SPEC_RESPONSES},
         description="How many messages a replay job would read (its filter, before any "
-        "rules), checked as a submission is; nothing is stored. " + REPLAY_SPEC_ERRORS,
+        "rules), checked as a submission is; nothing is stored. "
+        + REPLAY_SPEC_ERRORS
+        + REPLAY_QUEUE_ERRORS,
     )
     def post(self, request: Request) -> Response:
         serializer = ReplaySpecSerializer(data=request.data)

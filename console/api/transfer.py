@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import StreamingHttpResponse
 from django.utils import timezone
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -77,6 +78,23 @@ class PlainTextLinesParser(JsonLinesParser):
     a plain-text type does)."""
 
     media_type = "text/plain"
+
+
+# An import body holds a line that is not blank: one of blank lines only,
+# or none, holds no message (400 import_invalid). Whatever else a line may
+# be, only the import's own reading of it can say.
+IMPORT_BODY = {"type": "string", "minLength": 1, "pattern": r"\S"}
+
+
+class ImportSchema(AutoSchema):
+    """The import's schema: its body is required. (drf-spectacular makes a
+    body given as a raw schema optional, and a client would send none.)"""
+
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)
+        if operation is not None and "requestBody" in operation:
+            operation["requestBody"]["required"] = True
+        return operation
 
 
 class ExportQuerySerializer(MessageQuerySerializer):
@@ -160,16 +178,19 @@ class QueueImportView(APIView):
 
     parser_classes = [JsonLinesParser, PlainTextLinesParser]
     content_negotiation_class = JsonAnswers
+    schema = ImportSchema()
 
     @extend_schema(
         parameters=[ImportQuerySerializer],
-        request={JSON_LINES: OpenApiTypes.STR, "text/plain": OpenApiTypes.STR},
+        request={JSON_LINES: IMPORT_BODY, "text/plain": IMPORT_BODY},
         responses={201: ImportResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR, 413: ERROR},
         examples=[OpenApiExample("one message", value=DOCUMENT_EXAMPLE, request_only=True)],
         description="A JSON Lines file (`Content-Type: application/x-ndjson`, or `text/plain`), one message "
         "document a line as the export writes them: `payload` (required), `payload_encoding` "
         "(`string` or `base64`), `content_type`, `headers`, `priority`; the export's other keys "
-        "are ignored. Every line is checked first: a bad one refuses the file (400 "
+        "are ignored; blank lines are skipped, and a body of none but blank lines (or none at "
+        "all) holds no message: 400 `import_invalid`. Every line is checked first: a bad one "
+        "refuses the file (400 "
         "`import_invalid`, with `field_errors` naming each bad line as `lines[N]`) and nothing "
         "is written, unless `partial=true`: then the good lines are published and the bad ones "
         "listed in `skipped`. A `reject_new` queue the import would take past its max messages "

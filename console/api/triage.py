@@ -172,8 +172,7 @@ class BulkJobSerializer(BodyModelSerializer[BulkJob]):
 
 
 SEARCHED_SCHEMA = {
-    "type": "object",
-    "nullable": True,
+    "type": ["object", "null"],
     "required": ["from_id", "to_id"],
     "properties": {
         "from_id": {"type": "integer", "description": "The lowest id this page searched."},

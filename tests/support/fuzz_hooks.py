@@ -8,10 +8,7 @@ loads this module through SCHEMATHESIS_HOOKS).
 - A body meant to be valid that the operation's own schema refuses is
   dropped: schemathesis's coverage phase adds to closed objects keys it
   learnt from earlier answers (``field_errors``), and the API is right to
-  refuse those, as the schema says it does.
-- So is one meant to be valid whose message headers have a name the API
-  refuses (blank, or over 128 characters): OpenAPI 3.0 has no way to state
-  what an object's keys may be (``propertyNames`` came with 3.1)."""
+  refuse those, as the schema says it does."""
 
 from __future__ import annotations
 
@@ -45,28 +42,6 @@ def _valid_body_refused_by_its_schema(case: Any) -> bool:
     return bool(bodies) and isinstance(case.body, dict) and not bodies[0].is_valid(case.body)
 
 
-MAX_HEADER_NAME = 128
-
-
-def _header_names_unstated(case: Any) -> bool:
-    body = case.body if _positive(case) else None
-    if not isinstance(body, dict):
-        return False
-    batch = body.get("messages")
-    messages: list[Any] = batch if isinstance(batch, list) else [body]
-    names = [
-        name
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("headers"), dict)
-        for name in message["headers"]
-    ]
-    return any(not 1 <= len(name) <= MAX_HEADER_NAME for name in names)
-
-
 @schemathesis.hook
 def filter_case(context: Any, case: Any) -> bool:
-    return not (
-        _revokes_own_token(case)
-        or _valid_body_refused_by_its_schema(case)
-        or _header_names_unstated(case)
-    )
+    return not (_revokes_own_token(case) or _valid_body_refused_by_its_schema(case))
