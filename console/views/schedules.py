@@ -5,6 +5,7 @@ resume, run now and delete."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -193,43 +194,62 @@ def _schedule_url(schedule: ReplaySchedule) -> str:
     return reverse("schedule", kwargs={"schedule_id": schedule.id})
 
 
+def _act(
+    request: HtmxHttpRequest,
+    schedule_id: int,
+    act: Callable[..., Any],
+    said: Callable[[ReplaySchedule, Any], str],
+    *,
+    back: str = "",
+) -> HttpResponse:
+    """Do ``act`` to the schedule, say ``said`` of it (a refusal is a message,
+    not an error page), and answer with the list or ``back`` (the
+    schedule's page by default)."""
+    schedule = found(schedule_get, schedule_id=schedule_id)
+    with service_errors(request):
+        outcome = act(schedule_id=schedule.id, actor=request.user)
+        messages.success(request, said(schedule, outcome))
+    return _answer(request, back or _schedule_url(schedule))
+
+
 @require_POST
 @role_required(Role.OPERATOR)
 def schedule_pause_view(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = found(schedule_get, schedule_id=schedule_id)
-    with service_errors(request):
-        schedule_pause(schedule_id=schedule.id, actor=request.user)
-        messages.success(request, f"{schedule.name} is paused: it fires no more until resumed.")
-    return _answer(request, _schedule_url(schedule))
+    return _act(
+        request,
+        schedule_id,
+        schedule_pause,
+        lambda schedule, _: f"{schedule.name} is paused: it fires no more until resumed.",
+    )
 
 
 @require_POST
 @role_required(Role.OPERATOR)
 def schedule_resume_view(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = found(schedule_get, schedule_id=schedule_id)
-    with service_errors(request):
-        schedule_resume(schedule_id=schedule.id, actor=request.user)
-        messages.success(request, f"{schedule.name} is resumed.")
-    return _answer(request, _schedule_url(schedule))
+    return _act(
+        request, schedule_id, schedule_resume, lambda schedule, _: f"{schedule.name} is resumed."
+    )
 
 
 @require_POST
 @role_required(Role.OPERATOR)
 def schedule_run_view(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
-    """Fire the schedule now; refused (a message, not an error page) while
-    it is paused or its last job still runs."""
-    schedule = found(schedule_get, schedule_id=schedule_id)
-    with service_errors(request):
-        firing = schedule_run_now(schedule_id=schedule.id, actor=request.user)
-        messages.success(request, f"{schedule.name}: replay job {firing.job_id} queued.")
-    return _answer(request, _schedule_url(schedule))
+    """Fire the schedule now; refused while it is paused or its last job still runs."""
+    return _act(
+        request,
+        schedule_id,
+        schedule_run_now,
+        lambda schedule, firing: f"{schedule.name}: replay job {firing.job_id} queued.",
+    )
 
 
 @require_POST
 @role_required(Role.OPERATOR)
 def schedule_delete_view(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = found(schedule_get, schedule_id=schedule_id)
-    with service_errors(request):
-        schedule_delete(schedule_id=schedule.id, actor=request.user)
-        messages.success(request, f"{schedule.name} is deleted; its jobs stay.")
-    return _answer(request, reverse("schedules"))
+    return _act(
+        request,
+        schedule_id,
+        schedule_delete,
+        lambda schedule, _: f"{schedule.name} is deleted; its jobs stay.",
+        back=reverse("schedules"),
+    )
