@@ -583,20 +583,8 @@ def run_all(options: Options, bench_url: str) -> Figures:
                     bench_url, setup.main, options.spark_timeout, "connect", "spark_connect"
                 )
                 figures.results["spark_connect"] = result
-                harness.log(
-                    f"firings: {options.firings} firings of a replay schedule, its jobs on {remote}"
-                )
-                figures.firings = run_firings(
-                    bench_url,
-                    redis_server.url,
-                    remote,
-                    Path(directory) / "firings",
-                    count=options.firings,
-                    size=options.size,
-                )
-                harness.log(
-                    f"firings: p50 {figures.firings.p50:.2f}s, p99 {figures.firings.p99:.2f}s "
-                    f"from due time to first write, {figures.firings.skipped} skipped"
+                figures.firings = run_schedule_firings(
+                    options, bench_url, redis_server.url, remote, Path(directory) / "firings"
                 )
             spark_mode("classic", None)
             reset(setup)
@@ -613,6 +601,21 @@ def run_all(options: Options, bench_url: str) -> Figures:
             figures.results["orm"] = run_orm(setup, options.orm_sample)
             figures.load["end"] = load_average()
     return figures
+
+
+def run_schedule_firings(
+    options: Options, bench_url: str, redis_url: str, remote: str, directory: Path
+) -> Firings:
+    """A replay schedule's firings, its jobs on the warm server at ``remote``."""
+    harness.log(f"firings: {options.firings} firings of a replay schedule, its jobs on {remote}")
+    firings = run_firings(
+        bench_url, redis_url, remote, directory, count=options.firings, size=options.size
+    )
+    harness.log(
+        f"firings: p50 {firings.p50:.2f}s, p99 {firings.p99:.2f}s from due time to first write, "
+        f"{firings.skipped} skipped"
+    )
+    return firings
 
 
 def end_to_end_limit(figures: Figures) -> float:
