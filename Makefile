@@ -85,9 +85,12 @@ stop:
 # The project byte-compiled once, so that none of the hundreds of Python
 # processes the suite starts compiles it again (PYTHONDONTWRITEBYTECODE would
 # otherwise have each do so). The files go out to the workers heaviest tier
-# first (tests/conftest.py), not pytest-xdist's most-tests-first.
-PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# first (tests/conftest.py), not pytest-xdist's most-tests-first. pytest
+# keeps the test files whose asserts it rewrote in __pycache__ only where
+# Python may write bytecode: with PYTHONDONTWRITEBYTECODE set, every pytest
+# process would rewrite them all again, half of what collecting costs.
 COMPILE := $(VENV)/bin/python -m compileall -q broker console workers demo_consumers rig tests bench
+PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # What test-fast leaves out: the tiers that need an HA pair, the fuzzer, Spark or Chromium.
 FAST_TIER := not (ha or fuzz or spark or browser)
 

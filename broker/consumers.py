@@ -25,12 +25,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import httpx
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 from broker.outbound import DestinationRefused, check_url, outbound_client
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +236,8 @@ def _http_client() -> httpx.Client:
 
 def _post_webhook(url: str, delivery: Delivery, options: WebhookOptions) -> None:
     """POST the payload; any 2xx acknowledges it, anything else is an error."""
+    import httpx  # imported by the first webhook delivery (broker.outbound)
+
     headers = {
         "Content-Type": delivery.content_type,
         "Lazaretto-Message-Id": str(delivery.message_id),

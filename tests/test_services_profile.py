@@ -145,7 +145,7 @@ def test_a_bad_profile_stops_the_test_session_before_any_test_runs():
     assert "passed" not in result.stdout
 
 
-PYTEST_RUN = ".venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder"
+PYTEST_RUN = "PYTHONDONTWRITEBYTECODE= .venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder"
 
 
 @pytest.mark.slow

@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
@@ -38,6 +38,9 @@ from broker.models import NotificationState, PoisonAction, PoisonAlarm
 from broker.outbound import DestinationRefused, outbound_client
 from broker.services.counting import minute_count
 from broker.services.locks import session_lock
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +210,8 @@ def alarm_body(alarm: PoisonAlarm) -> dict[str, object]:
 
 def _post(client: httpx.Client, alarm: PoisonAlarm) -> str:
     """POST the alarm; an empty string on a 2xx answer, else why not."""
+    import httpx  # imported by the first alarm posted (broker.outbound)
+
     try:
         response = client.post(
             alarm.webhook_url,
