@@ -35,7 +35,7 @@ from rig.processes import (
     point_celery_at,
 )
 from tests.support.console import with_key
-from tests.support.databases import sql_flush_of_what_was_written
+from tests.support.databases import clone_migrated_template, sql_flush_of_what_was_written
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
 from workers.pipeline import STANDBY
@@ -421,6 +421,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         first.setdefault(item.path, order[item])
     items.sort(key=lambda item: (rank[item.path], first[item.path], order[item]))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """This process's test database (``test_<name>_gw<n>`` under xdist), a
+    copy of the migrated template (tests/support/databases.py), made before
+    pytest-django sets the databases up, which then finds it migrated
+    (``django_db_keepdb``). ``--create-db`` migrates one the usual way."""
+    database = connection.settings_dict
+    test_name = database["TEST"].get("NAME") or f"test_{database['NAME']}"
+    clone_migrated_template(os.environ["DATABASE_URL"], test_name)
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(request: pytest.FixtureRequest) -> bool:
+    """Use the test database cloned above rather than make it again; it
+    is left on the server at the end and copied afresh by the next run."""
+    return True
 
 
 @pytest.fixture(scope="session")

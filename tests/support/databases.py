@@ -1,12 +1,18 @@
 """Databases of a test's own on the test server, beside the test database:
+each pytest process's test database, cloned from one migrated template;
 for a process that must start on an empty or half-migrated database; one
 value read on the test's own connection; and the suite's flush of the test
 database after a transactional test."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +37,83 @@ def throwaway_database(url: str, name: str) -> Iterator[str]:
     finally:
         with psycopg.connect(maintenance, autocommit=True) as conn:
             conn.execute(drop)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_PREFIX = "lazaretto_template_"
+# The advisory-lock key under which one pytest process makes the template
+# while the others wait for it.
+TEMPLATE_LOCK_KEY = 0x4C5A_544D_504C  # "LZTMPL"
+
+
+def _maintenance(url: str) -> str:
+    return urlsplit(url)._replace(path="/postgres").geturl()
+
+
+def template_name() -> str:
+    """The template of what the migrations and the pinned packages make:
+    a change to either names another, so it is made again."""
+    digest = hashlib.sha256()
+    for path in [*sorted(ROOT.glob("*/migrations/*.py")), ROOT / "requirements.txt"]:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return TEMPLATE_PREFIX + digest.hexdigest()[:16]
+
+
+def clone_migrated_template(url: str, name: str) -> None:
+    """Make ``name`` on ``url``'s server a copy of the migrated template,
+    making the template first if no pytest process has yet (with
+    ``manage.py migrate``, as a new installation is made, once for every
+    process of the run and every later run on the same migrations).
+    Templates of other migrations are dropped as a new one is made.
+
+    Three processes migrating a database each took 3 s of the server's and
+    their own CPU; a copy takes a tenth of that."""
+    template = template_name()
+    identifier = sql.Identifier(template)
+    with psycopg.connect(_maintenance(url), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (TEMPLATE_LOCK_KEY,))
+        try:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,))
+            if found.fetchone() is None:
+                _make_template(conn, url, template)
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), identifier)
+            )
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (TEMPLATE_LOCK_KEY,))
+
+
+def _make_template(conn: psycopg.Connection[Any], url: str, template: str) -> None:
+    stale = conn.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE %s", (TEMPLATE_PREFIX + "%",)
+    ).fetchall()
+    for (old,) in stale:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(old)))
+    # Migrated under a name of its own, renamed once complete: a run killed
+    # midway leaves no half-migrated template behind under the real name.
+    making = template + "_making"
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(making)))
+    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(making)))
+    env = {**os.environ, "DATABASE_URL": urlsplit(url)._replace(path=f"/{making}").geturl()}
+    migrated = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if migrated.returncode != 0:
+        raise RuntimeError(f"migrating the test template failed:\n{migrated.stderr[-3000:]}")
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+            sql.Identifier(making), sql.Identifier(template)
+        )
+    )
 
 
 def scalar(query: str, params: Sequence[Any] = ()) -> Any:
