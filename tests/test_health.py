@@ -153,16 +153,18 @@ def test_readyz_names_redis_when_the_broker_is_unreachable(db, serve):
 
 @pytest.fixture
 def one_step_behind(db) -> Iterator[tuple[str, str]]:
-    """A throwaway database migrated to the end, then the newest broker
-    migration taken back; yields its URL and that migration's name."""
+    """A throwaway database migrated to the end (a copy of the suite's
+    migrated template), then the newest broker migration taken back;
+    yields its URL and that migration's name."""
     newest, previous = sorted(
         migration for app, migration in MigrationLoader(None).disk_migrations if app == "broker"
     )[-1:-3:-1]
     name = f"lazaretto_readyz_{os.getpid()}"
-    with throwaway_database(database_url_for_workers(), name) as throwaway:
-        for args in (["migrate", "--noinput"], ["migrate", "broker", previous, "--noinput"]):
-            migrated = manage(*args, timeout=300, DATABASE_URL=throwaway)
-            assert migrated.returncode == 0, migrated.stderr
+    with throwaway_database(database_url_for_workers(), name, migrated=True) as throwaway:
+        migrated = manage(
+            "migrate", "broker", previous, "--noinput", timeout=300, DATABASE_URL=throwaway
+        )
+        assert migrated.returncode == 0, migrated.stderr
         yield throwaway, newest
 
 

@@ -22,20 +22,23 @@ from psycopg import sql
 
 
 @contextmanager
-def throwaway_database(url: str, name: str) -> Iterator[str]:
-    """The URL of a new, empty database ``name`` on ``url``'s server, dropped
-    (and any sessions left on it ended) when the block ends. One left behind
-    by a run that was killed is dropped first."""
+def throwaway_database(url: str, name: str, *, migrated: bool = False) -> Iterator[str]:
+    """The URL of a new database ``name`` on ``url``'s server, empty or
+    (``migrated``) a copy of the migrated template; dropped (and any
+    sessions left on it ended) when the block ends. One left behind by a
+    run that was killed is dropped first."""
     server = urlsplit(url)
-    maintenance = server._replace(path="/postgres").geturl()
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(drop)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    if migrated:
+        clone_migrated_template(url, name)
+    else:
+        with psycopg.connect(_maintenance(url), autocommit=True) as conn:
+            conn.execute(drop)
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         yield server._replace(path=f"/{name}").geturl()
     finally:
-        with psycopg.connect(maintenance, autocommit=True) as conn:
+        with psycopg.connect(_maintenance(url), autocommit=True) as conn:
             conn.execute(drop)
 
 
