@@ -1,17 +1,20 @@
-"""Small server-rendered SVG line charts: no chart library, no CDN, nothing
-but numbers in the markup (templates/console/_chart.html draws them)."""
+"""The console's line charts: the numbers and the user's time zone, which
+static/js/charts.js draws with uPlot (vendored in static/vendor/uplot/: no
+CDN) with a time axis, a value axis, a legend and the values under the
+pointer. templates/console/_chart.html puts them in the page."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
 
 from broker.activity import RATES, QueueActivity
 from broker.models import MessageState
 from broker.selectors import MinuteCounts
-
-WIDTH, HEIGHT, PAD = 600, 120, 4
 
 
 @dataclass(frozen=True)
@@ -19,53 +22,66 @@ class Series:
     # The CSS class that colours the line and its legend entry.
     name: str
     label: str
-    points: str  # SVG polyline points
-    # What the legend says of it: a total over the window, or a count now.
+    values: list[float]
+    # What the caption says of it: a total over the window, or a count now.
     figure: str
 
 
 @dataclass(frozen=True)
 class LineChart:
+    # Names the chart in the page: its data's element is chart-<key>.
+    key: str
     title: str
-    width: int
-    height: int
-    peak: float
     series: list[Series]
-    # The first slot's start: the chart runs from there to now.
-    start: datetime
+    # Each value's slot, its start: the chart runs from the first to now.
+    slots: list[datetime]
+
+    @property
+    def start(self) -> datetime:
+        return self.slots[0]
+
+    @property
+    def element_id(self) -> str:
+        return f"chart-{self.key}"
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """What the page's script draws (json_script): each slot as Unix
+        seconds, each line's values, and the time zone to tell the times in
+        (the user's, active while the page is made)."""
+        return {
+            "zone": timezone.get_current_timezone_name(),
+            "times": [int(slot.timestamp()) for slot in self.slots],
+            "series": [
+                {"name": line.name, "label": line.label, "values": line.values}
+                for line in self.series
+            ],
+        }
 
 
 def line_chart(
+    key: str,
     title: str,
     slots: Sequence[datetime],
     lines: Sequence[tuple[str, str, Sequence[float], str]],
 ) -> LineChart:
-    """A chart of ``lines`` (CSS name, label, one value per slot, legend
-    figure) over ``slots``, every line on one scale from 0 to the peak."""
-    peak = max([1.0, *(value for _, _, values, _ in lines for value in values)])
-    step = (WIDTH - 2 * PAD) / max(1, len(slots) - 1)
-
-    def points(values: Sequence[float]) -> str:
-        return " ".join(
-            f"{PAD + n * step:.1f},{HEIGHT - PAD - (HEIGHT - 2 * PAD) * value / peak:.1f}"
-            for n, value in enumerate(values)
-        )
-
+    """A chart of ``lines`` (CSS name, label, one value per slot, caption
+    figure) over ``slots``."""
     return LineChart(
+        key=key,
         title=title,
-        width=WIDTH,
-        height=HEIGHT,
-        peak=round(peak, 1),
         series=[
-            Series(name, label, points(values), figure) for name, label, values, figure in lines
+            Series(name, label, [float(value) for value in values], figure)
+            for name, label, values, figure in lines
         ],
-        start=slots[0],
+        slots=list(slots),
     )
 
 
 def rate_chart(minutes: list[MinuteCounts]) -> LineChart:
     """The dashboard's: every queue's deliveries and failures per minute."""
     return line_chart(
+        "deliveries",
         "Deliveries and failures per minute over the last hour",
         [m.minute for m in minutes],
         [
@@ -92,6 +108,7 @@ def activity_charts(activity: QueueActivity) -> list[LineChart]:
         else (f"minute, averaged over {activity.window.slot_minutes} minutes")
     )
     rates = line_chart(
+        "rates",
         f"Messages per {per}, last {span}",
         activity.slots,
         [
@@ -100,6 +117,7 @@ def activity_charts(activity: QueueActivity) -> list[LineChart]:
         ],
     )
     depths = line_chart(
+        "states",
         f"Messages by state, last {span}",
         activity.slots,
         [

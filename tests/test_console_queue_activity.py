@@ -21,7 +21,7 @@ from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_quarantine
-from tests.support.console import logged_in
+from tests.support.console import chart_data, logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -138,7 +138,19 @@ def test_the_queue_page_draws_both_charts_with_their_figures(queue: Queue, viewe
     assert "3 published" in html
     assert "3 acked" in html
     assert "TBDL 0 now" in html
-    assert '<polyline class="state-ndlv" fill="none"' in html
+    rates, states = chart_data(html, "rates"), chart_data(html, "states")
+    assert len(rates["times"]) == 60
+    assert rates["times"] == sorted(rates["times"])
+    assert rates["zone"] == "UTC"
+    published = next(line for line in rates["series"] if line["name"] == "published")
+    assert (published["label"], sum(published["values"]), len(published["values"])) == (
+        "published",
+        3,
+        60,
+    )
+    assert "state-ndlv" in {line["name"] for line in states["series"]}
+    assert '<div class="chart-plot" role="img" aria-label="Messages by state, last hour"' in html
+    assert "vendor/uplot/uPlot.iife.min.js" in html
     assert 'href="/queues/PAYROLL/?window=day"' in html
 
 

@@ -39,6 +39,10 @@ def test_admin_logs_in_and_sees_the_queue_table(
         expect(row.get_by_role("rowheader")).to_have_text(name)
         expect(row.locator('td[data-state="TBDL"]')).to_have_text("0")
     expect(page.locator("form.account .role")).to_have_text("admin")
+    # The last hour's deliveries, drawn with a legend of its two lines.
+    chart = page.get_by_role("img", name="Deliveries and failures per minute over the last hour")
+    expect(chart.locator("canvas")).to_have_count(1)
+    expect(chart.locator(".u-legend th")).to_have_text(["Time", "delivered", "failed"])
 
 
 def test_a_wrong_password_is_refused_on_the_login_form(

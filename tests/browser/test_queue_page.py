@@ -5,6 +5,8 @@ times, and every other, in it."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import User
@@ -14,6 +16,7 @@ from pytest_django.live_server_helper import LiveServer
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
+from console.models import Preference
 from tests.support.browser import login
 
 pytestmark = pytest.mark.slow
@@ -45,6 +48,8 @@ def test_the_charts_switch_to_the_last_day_without_leaving_the_page(
     ).to_be_visible()
     expect(page.locator("#queue-activity")).to_contain_text("5 published")
     expect(page.locator("#queue-activity strong")).to_have_text("Last day")
+    # Drawn again in place: the day's chart, with its own canvas.
+    expect(page.locator("#queue-activity .chart-plot canvas")).to_have_count(2)
     assert page.url == f"{live_server.url}/queues/PAYROLL/"  # swapped in place
 
 
@@ -63,3 +68,39 @@ def test_a_user_picks_paris_and_the_charts_say_their_times_in_it(
     since = page.locator("#queue-activity figcaption time").first
     expect(since).to_have_attribute("title", "Europe/Paris")
     expect(since).to_contain_text(re.compile(r"\bCES?T\b"))  # winter or summer time
+
+
+def _minutes(label: str) -> int:
+    hours, minutes = label.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def test_the_chart_tells_its_times_in_the_users_zone_and_the_value_under_the_pointer(
+    page: Page, live_server: LiveServer, viewer: User, payroll: None
+) -> None:
+    # +05:30: no time of UTC's last hour reads as one of Kolkata's.
+    Preference.objects.create(user=viewer, time_zone="Asia/Kolkata")
+    login(page, live_server, viewer)
+    page.goto(f"{live_server.url}/queues/PAYROLL/")
+    plot = page.locator('[data-chart="chart-rates"]')
+    expect(plot.locator("canvas")).to_have_count(1)
+
+    # The time axis: the last hour as Kolkata tells it.
+    now = datetime.now(ZoneInfo("Asia/Kolkata"))
+    ticks = re.findall(r"\d\d:\d\d", plot.get_attribute("data-time-ticks") or "")
+    assert ticks, plot.get_attribute("data-time-ticks")
+    now_minutes = now.hour * 60 + now.minute
+    for tick in ticks:
+        assert 0 <= (now_minutes - _minutes(tick)) % (24 * 60) <= 61, (tick, now)
+
+    # The pointer on the last minute, where the five were published.
+    over = plot.locator(".u-over")
+    box = over.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
+    legend = plot.locator(".u-legend")
+    published = legend.locator("tr.u-series", has_text="published").locator(".u-value")
+    expect(published).to_have_text("5")
+    time_shown = legend.locator("tr.u-series").first.locator(".u-value")
+    expect(time_shown).to_contain_text(now.strftime("%Y-%m-%d"))
+    assert abs(_minutes(time_shown.inner_text()[-5:]) - now_minutes) <= 1

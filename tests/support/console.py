@@ -4,6 +4,7 @@ publish the API refuses."""
 
 from __future__ import annotations
 
+import json
 import re
 from html import unescape
 from typing import Any
@@ -67,3 +68,13 @@ def publish_refused(api: APIClient, queue: Queue) -> dict[str, Any]:
     assert not Message.objects.filter(queue=queue).exists()
     body: dict[str, Any] = response.json()
     return body
+
+
+def chart_data(html: str, key: str) -> dict[str, Any]:
+    """The numbers a page gives its chart ``key`` to draw (console/charts.py):
+    its json_script element ``chart-<key>``."""
+    found = re.search(
+        rf'<script id="chart-{key}" type="application/json">(.*?)</script>', html, re.S
+    )
+    assert found, f"no chart {key!r} in the page"
+    return json.loads(found.group(1))
