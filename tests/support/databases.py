@@ -20,6 +20,16 @@ import psycopg
 from django.db import connection
 from psycopg import sql
 
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_PREFIX = "lazaretto_template_"
+# The advisory-lock key under which one pytest process makes the template
+# while the others wait for it.
+TEMPLATE_LOCK_KEY = 0x4C5A_544D_504C  # "LZTMPL"
+
+
+def _maintenance(url: str) -> str:
+    return urlsplit(url)._replace(path="/postgres").geturl()
+
 
 @contextmanager
 def throwaway_database(url: str, name: str, *, migrated: bool = False) -> Iterator[str]:
@@ -40,17 +50,6 @@ def throwaway_database(url: str, name: str, *, migrated: bool = False) -> Iterat
     finally:
         with psycopg.connect(_maintenance(url), autocommit=True) as conn:
             conn.execute(drop)
-
-
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_PREFIX = "lazaretto_template_"
-# The advisory-lock key under which one pytest process makes the template
-# while the others wait for it.
-TEMPLATE_LOCK_KEY = 0x4C5A_544D_504C  # "LZTMPL"
-
-
-def _maintenance(url: str) -> str:
-    return urlsplit(url)._replace(path="/postgres").geturl()
 
 
 def template_name() -> str:
