@@ -218,10 +218,10 @@ def consumer_for(consumer: str, webhook: WebhookOptions | None = None) -> Handle
 
 def webhook_signature(*, secret: str, timestamp: int, body: bytes) -> str:
     """The ``Lazaretto-Signature`` value: ``sha256=`` and the hex HMAC-SHA256,
-    keyed with the queue's secret, of the timestamp (Unix seconds, as sent in
-    ``Lazaretto-Timestamp``), a dot, and the raw body. Receivers compute the
-    same and compare in constant time; the timestamp lets them refuse an old
-    request replayed."""
+    keyed with the secret (a queue's, or the alarm webhook's), of the
+    timestamp (Unix seconds, as sent in ``Lazaretto-Timestamp``), a dot, and
+    the raw body. Receivers compute the same and compare in constant time;
+    the timestamp lets them refuse an old request replayed."""
     signed = f"{timestamp}.".encode() + body
     digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
     return f"sha256={digest}"

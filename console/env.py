@@ -54,6 +54,20 @@ def env_str(name: str, default: str | None = None) -> str:
     return default
 
 
+def env_secret(name: str, minimum: int) -> str:
+    """A shared secret of at least ``minimum`` characters, or "" when unset.
+    A refusal says how long it was, never what it was."""
+    value = _raw(name)
+    if not value:
+        return ""
+    if len(value) < minimum:
+        raise ImproperlyConfigured(
+            f"{name}: a secret of {len(value)} characters is too short; "
+            f"expected at least {minimum}."
+        )
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = _raw(name)
     if value is None:

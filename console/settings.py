@@ -23,6 +23,7 @@ from console.env import (
     env_path,
     env_rate,
     env_redis_url,
+    env_secret,
     env_spark_master,
     env_spark_remote,
     env_str,
@@ -334,6 +335,10 @@ LAZARETTO_JOB_RESEND_SECONDS = env_float("LAZARETTO_JOB_RESEND_SECONDS", 600.0)
 # Where poison alarms (messages quarantined or purged automatically) are
 # posted as JSON, unless a queue names its own alarm webhook; blank: nowhere.
 LAZARETTO_ALARM_WEBHOOK_URL = env_str("LAZARETTO_ALARM_WEBHOOK_URL", "")
+# Signs every alarm POST as a queue's webhook secret signs its deliveries
+# (Lazaretto-Timestamp and Lazaretto-Signature); blank: unsigned. At least
+# 16 characters, as a queue's.
+LAZARETTO_ALARM_WEBHOOK_SECRET = env_secret("LAZARETTO_ALARM_WEBHOOK_SECRET", 16)
 # An alarm whose webhook failed this many times is given up on (failed; the
 # alarm itself stays). Tries are 2, 4, 8, … seconds apart, at most 300 s.
 LAZARETTO_ALARM_NOTIFY_ATTEMPTS = env_int("LAZARETTO_ALARM_NOTIFY_ATTEMPTS", 10)

@@ -22,7 +22,7 @@ from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_purge_poison, messages_quarantine
 from broker.services.transitions.in_flight import messages_claim
 from rig.processes import free_port, point_celery_at, wait_until
-from tests.support.webhooks import WebhookServer
+from tests.support.webhooks import WebhookServer, verified
 
 pytestmark = pytest.mark.django_db(transaction=True)
 N = NotificationState
@@ -91,6 +91,32 @@ def test_an_alarm_is_posted_once_with_its_details_and_marked_sent(hook, settings
 
     assert alarms_notify_due().posted == 0
     assert len(hook.received) == 1
+
+
+def test_with_a_secret_each_alarm_is_signed_as_a_queues_webhook_signs_its_deliveries(
+    hook, settings
+):
+    settings.LAZARETTO_ALARM_WEBHOOK_SECRET = "alarm-secret-4f1c9e7b"
+    queue = queue_create(name="ORDERS.IN", consumer="noop", alarm_webhook_url=hook.url)
+    quarantine_one(queue)
+
+    assert alarms_notify_due().sent
+
+    [request] = hook.received
+    assert verified(request, "alarm-secret-4f1c9e7b")
+    assert not verified(request, "another-secret-000000")
+    assert request.json()["event"] == "poison_message"
+
+
+def test_without_a_secret_an_alarm_carries_no_signature(hook):
+    queue = queue_create(name="ORDERS.IN", consumer="noop", alarm_webhook_url=hook.url)
+    quarantine_one(queue)
+
+    alarms_notify_due()
+
+    [request] = hook.received
+    assert "Lazaretto-Signature" not in request.headers
+    assert "Lazaretto-Timestamp" not in request.headers
 
 
 def test_a_purged_poison_message_is_announced_too(hook):

@@ -35,6 +35,14 @@ def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
 
 
 @pytest.mark.slow
+def test_a_short_alarm_webhook_secret_stops_start_up_without_saying_it():
+    error = refused_at_start_up("check", LAZARETTO_ALARM_WEBHOOK_SECRET="short-secret")
+
+    assert "LAZARETTO_ALARM_WEBHOOK_SECRET: a secret of 12 characters is too short" in error
+    assert "short-secret" not in error
+
+
+@pytest.mark.slow
 def test_a_file_as_dump_dir_is_refused(tmp_path):
     a_file = tmp_path / "dumps"
     a_file.write_text("not a directory")

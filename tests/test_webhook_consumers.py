@@ -4,8 +4,6 @@ them through the API and the console."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 import time
@@ -20,22 +18,11 @@ from broker.services.queues import queue_create
 from rig.processes import free_port, wait_until
 from tests.support.console import QUEUE_SETTINGS_FORM, error_beside, logged_in
 from tests.support.messages import on_the_dead_letter_queue
-from tests.support.webhooks import Post, WebhookServer
+from tests.support.webhooks import WebhookServer, verified
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = MessageState
 SECRET = "whsec-7f3a9c2e4b1d8a6f"
-
-
-def verified(request: Post, secret: str, now: float | None = None) -> bool:
-    """What a receiver does (README, "Signed webhooks"): recompute the
-    signature over the timestamp and the raw body, compare in constant time,
-    and refuse a timestamp more than 5 minutes from now."""
-    timestamp = request.headers["Lazaretto-Timestamp"]
-    signed = timestamp.encode() + b"." + request.body
-    expected = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
-    fresh = abs((now or time.time()) - int(timestamp)) <= 300
-    return hmac.compare_digest(expected, request.headers["Lazaretto-Signature"]) and fresh
 
 
 def publish_one(queue_name: str) -> int:

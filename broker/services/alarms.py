@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
+from broker.consumers import SIGNATURE_HEADER, TIMESTAMP_HEADER, webhook_signature
 from broker.models import NotificationState, PoisonAction, PoisonAlarm
 from broker.outbound import DestinationRefused, outbound_client
 from broker.services.counting import minute_count
@@ -209,15 +210,19 @@ def alarm_body(alarm: PoisonAlarm) -> dict[str, object]:
 
 
 def _post(client: httpx.Client, alarm: PoisonAlarm) -> str:
-    """POST the alarm; an empty string on a 2xx answer, else why not."""
+    """POST the alarm, signed with LAZARETTO_ALARM_WEBHOOK_SECRET if set; an
+    empty string on a 2xx answer, else why not."""
     import httpx  # imported by the first alarm posted (broker.outbound)
 
+    body = json.dumps(alarm_body(alarm)).encode()
+    headers = {"Content-Type": "application/json", "Lazaretto-Alarm-Id": str(alarm.id)}
+    secret = settings.LAZARETTO_ALARM_WEBHOOK_SECRET
+    if secret:
+        timestamp = int(time.time())
+        headers[TIMESTAMP_HEADER] = str(timestamp)
+        headers[SIGNATURE_HEADER] = webhook_signature(secret=secret, timestamp=timestamp, body=body)
     try:
-        response = client.post(
-            alarm.webhook_url,
-            content=json.dumps(alarm_body(alarm)).encode(),
-            headers={"Content-Type": "application/json", "Lazaretto-Alarm-Id": str(alarm.id)},
-        )
+        response = client.post(alarm.webhook_url, content=body, headers=headers)
     except DestinationRefused as refused:
         return f"not an allowed destination: {refused}"[:NOTIFY_ERROR_MAX_CHARS]
     except (httpx.HTTPError, httpx.InvalidURL) as error:

@@ -1,10 +1,13 @@
 """One webhook receiver for every test that posts to one: a queue's webhook
 consumer and a poison alarm's webhook. A real HTTP server on 127.0.0.1 that
-records each POST and answers as the test says; and a receiver that accepts
-connections and never answers."""
+records each POST and answers as the test says; a receiver that accepts
+connections and never answers; and the check of a signed POST a receiver
+makes."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import socket
 import threading
@@ -98,3 +101,14 @@ def silent_receiver(path: str = "/hook") -> Iterator[str]:
         listener.close()
         for connection in held:
             connection.close()
+
+
+def verified(request: Post, secret: str, now: float | None = None) -> bool:
+    """What a receiver does (README, "Signed webhooks"): recompute the
+    signature over the timestamp and the raw body, compare in constant time,
+    and refuse a timestamp more than 5 minutes from now."""
+    timestamp = request.headers["Lazaretto-Timestamp"]
+    signed = timestamp.encode() + b"." + request.body
+    expected = "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    fresh = abs((now or time.time()) - int(timestamp)) <= 300
+    return hmac.compare_digest(expected, request.headers["Lazaretto-Signature"]) and fresh
