@@ -435,7 +435,7 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
 
 @pytest.fixture(scope="session")
-def django_db_keepdb(request: pytest.FixtureRequest) -> bool:
+def django_db_keepdb() -> bool:
     """Use the test database cloned above rather than make it again; it
     is left on the server at the end and copied afresh by the next run."""
     return True

@@ -7,12 +7,8 @@ database after a transactional test."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,7 +16,9 @@ import psycopg
 from django.db import connection
 from psycopg import sql
 
-ROOT = Path(__file__).resolve().parents[2]
+from rig.processes import ROOT
+from tests.support.processes import manage
+
 TEMPLATE_PREFIX = "lazaretto_template_"
 # The advisory-lock key under which one pytest process makes the template
 # while the others wait for it.
@@ -99,16 +97,8 @@ def _make_template(conn: psycopg.Connection[Any], url: str, template: str) -> No
     making = template + "_making"
     conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(making)))
     conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(making)))
-    env = {**os.environ, "DATABASE_URL": urlsplit(url)._replace(path=f"/{making}").geturl()}
-    migrated = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    making_url = urlsplit(url)._replace(path=f"/{making}").geturl()
+    migrated = manage("migrate", "--noinput", timeout=600, DATABASE_URL=making_url)
     if migrated.returncode != 0:
         raise RuntimeError(f"migrating the test template failed:\n{migrated.stderr[-3000:]}")
     conn.execute(
