@@ -227,6 +227,16 @@ def webhook_signature(*, secret: str, timestamp: int, body: bytes) -> str:
     return f"sha256={digest}"
 
 
+def signature_headers(*, secret: str, body: bytes) -> dict[str, str]:
+    """``Lazaretto-Timestamp`` (now) and the ``Lazaretto-Signature`` of
+    ``body`` at that time: what a signed POST adds to its headers."""
+    timestamp = int(time.time())
+    return {
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: webhook_signature(secret=secret, timestamp=timestamp, body=body),
+    }
+
+
 @cache
 def _http_client() -> httpx.Client:
     # One client per process keeps connections to each webhook alive; each
@@ -246,11 +256,7 @@ def _post_webhook(url: str, delivery: Delivery, options: WebhookOptions) -> None
         "Lazaretto-Headers": json.dumps(delivery.headers),
     }
     if options.secret:
-        timestamp = int(time.time())
-        headers[TIMESTAMP_HEADER] = str(timestamp)
-        headers[SIGNATURE_HEADER] = webhook_signature(
-            secret=options.secret, timestamp=timestamp, body=delivery.payload
-        )
+        headers.update(signature_headers(secret=options.secret, body=delivery.payload))
     try:
         response = _http_client().post(
             url, content=delivery.payload, headers=headers, timeout=options.timeout

@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from broker.consumers import SIGNATURE_HEADER, TIMESTAMP_HEADER, webhook_signature
+from broker.consumers import signature_headers
 from broker.models import NotificationState, PoisonAction, PoisonAlarm
 from broker.outbound import DestinationRefused, outbound_client
 from broker.services.counting import minute_count
@@ -216,11 +216,8 @@ def _post(client: httpx.Client, alarm: PoisonAlarm) -> str:
 
     body = json.dumps(alarm_body(alarm)).encode()
     headers = {"Content-Type": "application/json", "Lazaretto-Alarm-Id": str(alarm.id)}
-    secret = settings.LAZARETTO_ALARM_WEBHOOK_SECRET
-    if secret:
-        timestamp = int(time.time())
-        headers[TIMESTAMP_HEADER] = str(timestamp)
-        headers[SIGNATURE_HEADER] = webhook_signature(secret=secret, timestamp=timestamp, body=body)
+    if secret := settings.LAZARETTO_ALARM_WEBHOOK_SECRET:
+        headers.update(signature_headers(secret=secret, body=body))
     try:
         response = client.post(alarm.webhook_url, content=body, headers=headers)
     except DestinationRefused as refused:
