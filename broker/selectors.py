@@ -42,6 +42,7 @@ from broker.models import (
     NodeRole,
     PoisonAlarm,
     Queue,
+    QueueAlert,
     QueueKind,
     RuleTable,
     RuleTableStatus,
@@ -604,6 +605,25 @@ def bulk_job_get(*, job_id: int) -> BulkJob:
     if job is None:
         raise BulkJobNotFound(f"There is no job {job_id}.")
     return job
+
+
+def alerts_recent(*, limit: int = 10) -> list[QueueAlert]:
+    """The alert episodes open now, then the latest ended ones, up to
+    ``limit`` in all, each with its queue."""
+    return list(
+        QueueAlert.objects.select_related("queue").order_by(
+            F("ended_at").desc(nulls_first=True), "-id"
+        )[:limit]
+    )
+
+
+def queue_alerts(*, queue: Queue, limit: int = 10) -> list[QueueAlert]:
+    """One queue's alert episodes: open ones first, then the latest ended."""
+    return list(
+        QueueAlert.objects.filter(queue=queue).order_by(
+            F("ended_at").desc(nulls_first=True), "-id"
+        )[:limit]
+    )
 
 
 def poison_alarms_recent(*, limit: int = 10) -> list[PoisonAlarm]:

@@ -6,14 +6,14 @@ pointer. templates/console/_chart.html puts them in the page."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
 from broker.activity import RATES, QueueActivity
-from broker.models import MessageState
+from broker.models import MessageState, Queue
 from broker.selectors import MinuteCounts
 
 
@@ -28,6 +28,16 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Threshold:
+    """An alert threshold drawn across a chart, dashed, in the colour of
+    the line it watches (``name``)."""
+
+    name: str
+    label: str
+    value: int
+
+
+@dataclass(frozen=True)
 class LineChart:
     # Names the chart in the page: its data's element is chart-<key>.
     key: str
@@ -35,6 +45,7 @@ class LineChart:
     series: list[Series]
     # Each value's slot, its start: the chart runs from the first to now.
     slots: list[datetime]
+    thresholds: list[Threshold] = field(default_factory=list)
 
     @property
     def start(self) -> datetime:
@@ -55,6 +66,10 @@ class LineChart:
             "series": [
                 {"name": line.name, "label": line.label, "values": line.values}
                 for line in self.series
+            ],
+            "thresholds": [
+                {"name": each.name, "label": each.label, "value": each.value}
+                for each in self.thresholds
             ],
         }
 
@@ -99,8 +114,9 @@ def rate_chart(minutes: list[MinuteCounts]) -> LineChart:
 CHARTED_STATES = [state for state in MessageState.values if state != MessageState.DELIVERED]
 
 
-def activity_charts(activity: QueueActivity) -> list[LineChart]:
-    """A queue page's two charts: its rates and its depth by state."""
+def activity_charts(activity: QueueActivity, queue: Queue) -> list[LineChart]:
+    """A queue page's two charts: its rates and its depth by state, each
+    with the queue's alert thresholds it can show."""
     span = activity.window.label
     per = (
         "minute"
@@ -130,4 +146,26 @@ def activity_charts(activity: QueueActivity) -> list[LineChart]:
             for state in CHARTED_STATES
         ],
     )
+    rates.thresholds.extend(
+        _thresholds(queue, [("dead_lettered", "alert_dead_letter_per_minute", "dead-lettered")])
+    )
+    depths.thresholds.extend(
+        _thresholds(
+            queue,
+            [
+                ("state-tbdl", "alert_waiting_above", "TBDL"),
+                ("state-ndlv", "alert_blacklisted_above", "NDLV"),
+            ],
+        )
+    )
     return [rates, depths]
+
+
+def _thresholds(queue: Queue, watched: list[tuple[str, str, str]]) -> list[Threshold]:
+    """The queue's thresholds among ``watched`` (line, setting, what it
+    counts) that are set."""
+    return [
+        Threshold(name, f"alert: {what} above {value:,}", value)
+        for name, setting, what in watched
+        if (value := getattr(queue, setting)) is not None
+    ]

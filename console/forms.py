@@ -119,7 +119,14 @@ class QueueSettingsForm(forms.ModelForm):
             for name in QUEUE_SETTINGS
             if name not in {"kind", "paused", *LIMIT_SETTINGS, *SECRET_SETTINGS}
         ]
-        labels = {"webhook_timeout": "Webhook timeout (seconds)"}
+        labels = {
+            "webhook_timeout": "Webhook timeout (seconds)",
+            "alert_waiting_above": "Alert: messages waiting above",
+            "alert_oldest_waiting_seconds": "Alert: oldest waiting message older than (seconds)",
+            "alert_dead_letter_per_minute": "Alert: dead-lettered a minute above",
+            "alert_blacklisted_above": "Alert: blacklisted (NDLV) above",
+            "alert_stalled_seconds": "Alert: no acknowledgement while messages wait for (seconds)",
+        }
         help_texts = {
             "webhook_timeout": "A webhook consumer has this long to accept the connection, "
             "and again to answer (0.1-300); longer is a handler error.",
@@ -134,8 +141,19 @@ class QueueSettingsForm(forms.ModelForm):
             ),
             "poison_action": "Quarantine keeps a poison message as NDLV; purge deletes it. "
             "Both dump its payload.",
-            "alarm_webhook_url": "Poison alarms of this queue are posted here (blank: the "
-            "installation's LAZARETTO_ALARM_WEBHOOK_URL).",
+            "alarm_webhook_url": "Poison alarms and alerts of this queue are posted here "
+            "(blank: the installation's LAZARETTO_ALARM_WEBHOOK_URL).",
+            "alert_waiting_above": "An alert fires when more messages than this wait (TBDL); "
+            "0: any. Blank: no alert.",
+            "alert_oldest_waiting_seconds": "An alert fires when the longest-waiting message "
+            "arrived longer ago than this (1 s to a year). Blank: no alert.",
+            "alert_dead_letter_per_minute": "An alert fires when more messages than this were "
+            "dead-lettered over the last minute: from this queue, or into it for a dead-letter "
+            "queue. Blank: no alert.",
+            "alert_blacklisted_above": "An alert fires when more messages than this are "
+            "blacklisted (NDLV); 0: any. Blank: no alert.",
+            "alert_stalled_seconds": "An alert fires when no message was acknowledged for this "
+            "long while messages wait to be delivered (1 s to a year). Blank: no alert.",
             "delivered_retention": "What the acknowledgement keeps of each message it "
             "delivers: the whole message, all but its payload, or nothing. Applies to messages "
             "acknowledged from now on.",

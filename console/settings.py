@@ -310,6 +310,7 @@ CELERY_TASK_ROUTES = {
     "lazaretto.sweep": {"queue": "control"},
     "lazaretto.dispatch": {"queue": "control"},
     "lazaretto.notify_alarms": {"queue": "control"},
+    "lazaretto.check_alerts": {"queue": "control"},
     "lazaretto.start_jobs": {"queue": "control"},
     "lazaretto.replay_schedule_fire": {"queue": "control"},
 }
@@ -339,14 +340,20 @@ LAZARETTO_ALARM_WEBHOOK_URL = env_str("LAZARETTO_ALARM_WEBHOOK_URL", "")
 # (Lazaretto-Timestamp and Lazaretto-Signature); blank: unsigned. At least
 # 16 characters, as a queue's.
 LAZARETTO_ALARM_WEBHOOK_SECRET = env_secret("LAZARETTO_ALARM_WEBHOOK_SECRET", 16)
-# An alarm whose webhook failed this many times is given up on (failed; the
-# alarm itself stays). Tries are 2, 4, 8, … seconds apart, at most 300 s.
+# An alarm (or alert) whose webhook failed this many times is given up on
+# (failed; the alarm itself stays). Tries are 2, 4, 8, … seconds apart, at
+# most LAZARETTO_ALARM_RETRY_MAX_SECONDS.
 LAZARETTO_ALARM_NOTIFY_ATTEMPTS = env_int("LAZARETTO_ALARM_NOTIFY_ATTEMPTS", 10)
+LAZARETTO_ALARM_RETRY_MAX_SECONDS = env_float("LAZARETTO_ALARM_RETRY_MAX_SECONDS", 300.0)
 # An alarm webhook has this long to accept the connection, and again to answer.
 LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS = env_float("LAZARETTO_ALARM_WEBHOOK_TIMEOUT_SECONDS", 5.0)
 # How often beat has due alarms posted (the sweeper also asks at once after
 # setting a message aside).
 LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS = env_float("LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS", 2.0)
+# How often the control worker checks the queues' alert thresholds
+# (broker.services.alerts): an alert fires or resolves within this of the
+# reading crossing its threshold, plus the counters' own delay.
+LAZARETTO_ALERT_CHECK_INTERVAL_SECONDS = env_float("LAZARETTO_ALERT_CHECK_INTERVAL_SECONDS", 1.0)
 # Up to this many delivery tasks work on one queue at once while it has a backlog.
 LAZARETTO_DELIVERY_FANOUT = env_int("LAZARETTO_DELIVERY_FANOUT", 4)
 # A delivery task keeps claiming batches of its queue for up to this long,
@@ -472,7 +479,14 @@ LAZARETTO_PRIMARY_DUTIES = {
         "schedule": crontab(hour=3, minute=17),
         "options": {"expires": 3600},
     },
-    # Poison alarms due to be posted to their webhook (one runner at a time).
+    # Queues past an alert threshold, and back (one check at a time).
+    "check-alerts": {
+        "task": "lazaretto.check_alerts",
+        "schedule": LAZARETTO_ALERT_CHECK_INTERVAL_SECONDS,
+        "options": {"expires": 2 * LAZARETTO_ALERT_CHECK_INTERVAL_SECONDS},
+    },
+    # Poison alarms and alerts due to be posted to their webhook (one runner
+    # at a time).
     "notify-alarms": {
         "task": "lazaretto.notify_alarms",
         "schedule": LAZARETTO_ALARM_NOTIFY_INTERVAL_SECONDS,

@@ -92,6 +92,17 @@ def test_a_dead_letter_queue_that_is_not_there_is_a_404(admin_api, orders, name)
         # A host label over 63 characters: no name DNS could be asked for.
         ("alarm_webhook_url", "https://81.29.005.955" + "*" * 100),
         ("consumer", "https://hooks." + "a" * 64 + ".example/"),
+        ("alert_waiting_above", -1),
+        ("alert_waiting_above", 1_000_000_001),
+        ("alert_waiting_above", "many"),
+        ("alert_oldest_waiting_seconds", 0),
+        ("alert_oldest_waiting_seconds", 31_536_001),
+        ("alert_dead_letter_per_minute", -10),
+        ("alert_dead_letter_per_minute", 2.5),
+        ("alert_blacklisted_above", 10**12),
+        ("alert_stalled_seconds", 0),
+        ("alert_stalled_seconds", -30),
+        ("alert_stalled_seconds", 400 * 24 * 3600),
     ],
 )
 def test_it_rejects_bad_settings_beside_their_field(admin_api, orders, field, value):
@@ -266,3 +277,35 @@ def test_a_queue_keeps_its_own_archive_retention(admin_api, orders, value, statu
     else:
         assert "archive_retention_days" in answer.json()["field_errors"]
         assert orders.archive_retention_days is None
+
+
+def test_alert_thresholds_are_set_read_back_and_cleared(admin_api, orders):
+    url = f"{QUEUES}ORDERS.IN/"
+    thresholds = {
+        "alert_waiting_above": 0,
+        "alert_oldest_waiting_seconds": 600,
+        "alert_dead_letter_per_minute": 100,
+        "alert_blacklisted_above": 0,
+        "alert_stalled_seconds": 31_536_000,
+    }
+
+    response = admin_api.patch(url, thresholds, format="json")
+
+    assert response.status_code == 200, response.json()
+    assert {key: response.json()[key] for key in thresholds} == thresholds
+    cleared = admin_api.patch(url, {"alert_stalled_seconds": None}, format="json").json()
+    assert cleared["alert_stalled_seconds"] is None
+    assert cleared["alert_oldest_waiting_seconds"] == 600
+
+
+def test_an_out_of_range_threshold_names_its_bound(admin_api, orders):
+    response = admin_api.patch(
+        f"{QUEUES}ORDERS.IN/", {"alert_stalled_seconds": 31_536_001}, format="json"
+    )
+
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert "31536000" in " ".join(body["field_errors"]["alert_stalled_seconds"])
+    orders.refresh_from_db()
+    assert orders.alert_stalled_seconds is None

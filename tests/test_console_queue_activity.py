@@ -19,7 +19,7 @@ from broker.services import counting
 from broker.services.counting import counters_fold
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
-from broker.services.queues import queue_create
+from broker.services.queues import queue_create, queue_update
 from broker.services.transitions.blacklist import messages_quarantine
 from tests.support.console import chart_data, logged_in
 
@@ -152,6 +152,36 @@ def test_the_queue_page_draws_both_charts_with_their_figures(queue: Queue, viewe
     assert '<div class="chart-plot" role="img" aria-label="Messages by state, last hour"' in html
     assert "vendor/uplot/uPlot.iife.min.js" in html
     assert 'href="/queues/PAYROLL/?window=day"' in html
+
+
+def test_the_charts_draw_the_queues_alert_thresholds_they_can_show(
+    queue: Queue, viewer: User
+) -> None:
+    queue_update(
+        queue=queue,
+        alert_waiting_above=500,
+        alert_blacklisted_above=0,
+        alert_dead_letter_per_minute=30,
+        alert_stalled_seconds=120,
+    )
+
+    html = logged_in(viewer).get("/queues/PAYROLL/?window=day").content.decode()
+
+    assert chart_data(html, "states")["thresholds"] == [
+        {"name": "state-tbdl", "label": "alert: TBDL above 500", "value": 500},
+        {"name": "state-ndlv", "label": "alert: NDLV above 0", "value": 0},
+    ]
+    assert chart_data(html, "rates")["thresholds"] == [
+        {"name": "dead_lettered", "label": "alert: dead-lettered above 30", "value": 30},
+    ]
+    assert 'class="state-tbdl threshold" data-threshold="500"' in html
+
+
+def test_a_queue_without_thresholds_draws_none(queue: Queue, viewer: User) -> None:
+    html = logged_in(viewer).get("/queues/PAYROLL/").content.decode()
+
+    assert chart_data(html, "states")["thresholds"] == []
+    assert "No alert has fired." in html
 
 
 def test_the_day_window_comes_as_the_charts_alone_to_htmx(queue: Queue, viewer: User) -> None:

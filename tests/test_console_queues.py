@@ -60,6 +60,11 @@ def test_an_admin_chooses_to_purge_poison_and_names_an_alarm_webhook(admin, orde
         ("alarm_webhook_url", "ftp://alarms.example.com/", "http:// or https://"),
         ("dead_letter_queue", "ORDERS.IN", "Select a valid choice"),
         ("description", "d" * 201, "at most 200 characters"),
+        ("alert_waiting_above", "-1", "greater than or equal to 0"),
+        ("alert_oldest_waiting_seconds", "0", "At least 1 second."),
+        ("alert_stalled_seconds", "31536001", "At most a year (31536000 seconds)."),
+        ("alert_blacklisted_above", "1000000001", "At most a billion"),
+        ("alert_dead_letter_per_minute", "lots", "Enter a whole number."),
     ],
 )
 def test_bad_settings_are_shown_beside_their_field_and_change_nothing(

@@ -74,8 +74,8 @@ def test_a_broker_node_sends_each_duty_at_its_phase(monkeypatch):
 
 
 def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, settings):
-    """``celery beat`` with the settings' schedule: six duties every 1, 1,
-    2, 5, 5 and 10 s, a sixth of a second apart."""
+    """``celery beat`` with the settings' schedule: seven duties every 1,
+    1, 1, 2, 5, 5 and 10 s, a seventh of a second apart."""
     assert app.conf.beat_scheduler == "workers.duties:PhasedScheduler"
     intervals = {
         name: entry["schedule"]
@@ -83,6 +83,7 @@ def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, setting
         if isinstance(entry["schedule"], float)
     }
     assert intervals == {
+        "check-alerts": 1.0,
         "sweep": 1.0,
         "dispatch": 1.0,
         "heartbeat": 10.0,
@@ -93,18 +94,20 @@ def test_celery_beat_sends_each_duty_at_its_phase(monkeypatch, tmp_path, setting
     sent = sends(
         monkeypatch,
         lambda: PhasedScheduler(app, schedule_filename=str(tmp_path / "beat"), lazy=False),
-        2.0,  # between the sweep at 11/6 s and the next dispatch at 13/6 s
+        1.93,  # between the sweep at 13/7 s and the next alert check at 14/7 s
     )
 
     assert [name for name, _ in sent] == [
-        "dead-letter-scan",  # at 0 s
-        "dispatch",  # 1/6 s
-        "heartbeat",  # 2/6 s
-        "notify-alarms",  # 3/6 s
-        "start-jobs",  # 4/6 s
-        "sweep",  # 5/6 s
-        "dispatch",  # 7/6 s
-        "sweep",  # 11/6 s
+        "check-alerts",  # at 0 s
+        "dead-letter-scan",  # 1/7 s
+        "dispatch",  # 2/7 s
+        "heartbeat",  # 3/7 s
+        "notify-alarms",  # 4/7 s
+        "start-jobs",  # 5/7 s
+        "sweep",  # 6/7 s
+        "check-alerts",  # 7/7 s
+        "dispatch",  # 9/7 s
+        "sweep",  # 13/7 s
     ]
     for (_, earlier), (_, later) in itertools.pairwise(sent):
-        assert later - earlier > 0.12, sent
+        assert later - earlier > 0.1, sent

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from broker.models import Message, MessageState, NotificationState, PoisonAlarm, Queue
-from broker.services.alarms import alarms_notify_due
+from broker.services.alarms import alarms_notify_due, notice_key
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
 from broker.services.transitions.blacklist import messages_purge_poison, messages_quarantine
@@ -67,7 +67,7 @@ def test_an_alarm_is_posted_once_with_its_details_and_marked_sent(hook, settings
 
     result = alarms_notify_due()
 
-    assert result.sent == [alarm.id]
+    assert result.sent == [notice_key(alarm)]
     [request] = hook.received
     assert request.json() == {
         "event": "poison_message",
@@ -142,7 +142,7 @@ def test_a_webhook_that_is_down_is_retried_later_and_sent_once_it_is_up():
     result = alarms_notify_due()
 
     alarm = PoisonAlarm.objects.get()
-    assert result.retrying == [alarm.id]
+    assert result.retrying == [notice_key(alarm)]
     assert (alarm.notification, alarm.notify_attempts) == (N.PENDING, 1)
     assert "ConnectError" in alarm.notify_error
     assert 1 < seconds_to_next_try(alarm) <= 2  # 2**1 s
@@ -158,7 +158,7 @@ def test_a_webhook_that_is_down_is_retried_later_and_sent_once_it_is_up():
     down.start()
     try:
         make_due(alarm)
-        assert alarms_notify_due().sent == [alarm.id]
+        assert alarms_notify_due().sent == [notice_key(alarm)]
     finally:
         down.stop()
     [request] = down.received
@@ -298,7 +298,7 @@ def test_asking_for_alarms_to_be_posted_with_redis_down_only_logs_a_warning(capl
         from django.conf import settings
 
         point_celery_at(settings.CELERY_BROKER_URL)
-    assert "could not ask for the poison alarms" in caplog.text
+    assert "could not ask for the alarms" in caplog.text
 
 
 # --- real workers ---------------------------------------------------------------

@@ -32,6 +32,7 @@ from broker.selectors import (
     queues_with_due_messages,
 )
 from broker.services.alarms import alarms_notify_due
+from broker.services.alerts import alerts_check
 from broker.services.bulk import bulk_job_run
 from broker.services.counting import counters_fold
 from broker.services.dead_letters import dead_letter_scan
@@ -320,7 +321,7 @@ def _send_notify_alarms() -> None:
     try:
         notify_alarms.apply_async(expires=30.0, retry=False)
     except Exception as error:  # Redis down: beat asks again every few seconds
-        logger.warning("could not ask for the poison alarms to be posted: %s", error)
+        logger.warning("could not ask for the alarms to be posted: %s", error)
 
 
 # A run finishes the post under way when its budget ends, so it can last this
@@ -330,8 +331,8 @@ NOTIFY_TASK_BUDGET_SECONDS = 3.0
 
 @app.task(name="lazaretto.notify_alarms", ignore_result=True)
 def notify_alarms(epoch: int | None = None) -> None:
-    """Post due poison alarms to their webhooks (one runner at a time; a
-    second one returns at once)."""
+    """Post due poison alarms and alerts to their webhooks (one runner at a
+    time; a second one returns at once)."""
     _duty("notify_alarms", epoch, _notify_alarms)
 
 
@@ -344,6 +345,19 @@ def _notify_alarms() -> None:
             len(result.retrying),
             len(result.failed),
         )
+
+
+@app.task(name="lazaretto.check_alerts", ignore_result=True)
+def check_alerts(epoch: int | None = None) -> None:
+    """Open and end the episodes of queues past their alert thresholds; have
+    their webhook posts made at once."""
+    _duty("check_alerts", epoch, _check_alerts)
+
+
+def _check_alerts() -> None:
+    result = alerts_check()
+    if result.notify:
+        _send_notify_alarms()
 
 
 @app.task(name="lazaretto.dispatch", ignore_result=True)

@@ -6,6 +6,12 @@ queue goes through ``broker.services.transitions``; every other write through
 a service function in ``broker.services``. Import them from here.
 """
 
+from broker.models.alerts import (
+    AlertCondition,
+    AlertEvent,
+    QueueAlert,
+    QueueAlertWatch,
+)
 from broker.models.audit import (
     AuditEvent,
 )
@@ -39,6 +45,7 @@ from broker.models.messages import (
     MessageState,
     NotificationState,
     PoisonAlarm,
+    WebhookNotice,
 )
 from broker.models.pipeline import (
     ArchiveChunk,
@@ -51,6 +58,8 @@ from broker.models.pipeline import (
 )
 from broker.models.queues import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ALERT_COUNT,
+    MAX_ALERT_SECONDS,
     MAX_SUSPECT_DELAY_SECONDS,
     MAX_WEBHOOK_SECRET_LENGTH,
     MIN_WEBHOOK_SECRET_LENGTH,
@@ -80,12 +89,16 @@ __all__ = [
     "COUNTERS",
     "COUNTER_COLUMNS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_ALERT_COUNT",
+    "MAX_ALERT_SECONDS",
     "MAX_SUSPECT_DELAY_SECONDS",
     "MAX_WEBHOOK_SECRET_LENGTH",
     "MIN_WEBHOOK_SECRET_LENGTH",
     "QUEUE_NAME_MAX_LENGTH",
     "QUEUE_NAME_PATTERN",
     "SCAN_COUNTS",
+    "AlertCondition",
+    "AlertEvent",
     "ArchiveChunk",
     "ArchiveChunkStatus",
     "AuditEvent",
@@ -112,6 +125,8 @@ __all__ = [
     "PoisonAction",
     "PoisonAlarm",
     "Queue",
+    "QueueAlert",
+    "QueueAlertWatch",
     "QueueCountDelta",
     "QueueDepth",
     "QueueDepthDelta",
@@ -129,6 +144,7 @@ __all__ = [
     "ScheduleFiring",
     "Subscription",
     "Topic",
+    "WebhookNotice",
     "queue_name_validator",
     "validate_topic_filter",
     "validate_topic_string",

@@ -256,7 +256,24 @@ class NotificationState(models.TextChoices):
     FAILED = "failed", "Gave up"
 
 
-class PoisonAlarm(models.Model):
+class WebhookNotice(models.Model):
+    """Something the control worker posts to an alarm webhook, with retries
+    (broker.services.alarms): where to, and how the posting stands."""
+
+    webhook_url = models.CharField(max_length=2048, blank=True)
+    notification = models.CharField(
+        max_length=8, choices=NotificationState.choices, default=NotificationState.NONE
+    )
+    notify_attempts = models.PositiveIntegerField(default=0)
+    notify_next_at = models.DateTimeField(null=True, blank=True)
+    notify_error = models.TextField(blank=True)
+    notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class PoisonAlarm(WebhookNotice):
     """A message quarantined or purged automatically, as an alarm: written in
     the same transaction as the move, so no alarm is lost, and posted to the
     alarm webhook (if any) afterwards, with retries (broker.services.alarms).
@@ -271,14 +288,6 @@ class PoisonAlarm(models.Model):
     timeout_count = models.IntegerField()
     attempts = models.IntegerField()
     dump_path = models.CharField(max_length=500)
-    webhook_url = models.CharField(max_length=2048, blank=True)
-    notification = models.CharField(
-        max_length=8, choices=NotificationState.choices, default=NotificationState.NONE
-    )
-    notify_attempts = models.PositiveIntegerField(default=0)
-    notify_next_at = models.DateTimeField(null=True, blank=True)
-    notify_error = models.TextField(blank=True)
-    notified_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

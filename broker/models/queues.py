@@ -65,6 +65,19 @@ MAX_WEBHOOK_SECRET_LENGTH = 256
 MAX_SUSPECT_DELAY_SECONDS = 5.0
 
 
+# An alert threshold's bounds: a count or rate up to a billion, a duration
+# from a second to a year.
+MAX_ALERT_COUNT = 1_000_000_000
+MAX_ALERT_SECONDS = 365 * 24 * 3600
+alert_count_validators = [
+    MaxValueValidator(MAX_ALERT_COUNT, message="At most a billion (1000000000).")
+]
+alert_seconds_validators = [
+    MinValueValidator(1, message="At least 1 second."),
+    MaxValueValidator(MAX_ALERT_SECONDS, message="At most a year (31536000 seconds)."),
+]
+
+
 class QueueKind(models.TextChoices):
     STANDARD = "standard", "Standard"
     DEAD_LETTER = "dead_letter", "Dead-letter"
@@ -126,6 +139,23 @@ class Queue(models.Model):
     # LAZARETTO_ALARM_WEBHOOK_URL, if any.
     alarm_webhook_url = models.CharField(
         max_length=2048, blank=True, validators=[validate_webhook_url]
+    )
+    # Alert thresholds (broker.services.alerts): an alert fires when the
+    # queue goes past one and resolves when it is back; null: not watched.
+    alert_waiting_above = models.PositiveIntegerField(
+        null=True, blank=True, validators=alert_count_validators
+    )
+    alert_oldest_waiting_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=alert_seconds_validators
+    )
+    alert_dead_letter_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=alert_count_validators
+    )
+    alert_blacklisted_above = models.PositiveIntegerField(
+        null=True, blank=True, validators=alert_count_validators
+    )
+    alert_stalled_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=alert_seconds_validators
     )
     # The back-off before a suspect that already failed alone is delivered
     # again; it doubles with each further failure, up to 5 s
@@ -190,6 +220,25 @@ class Queue(models.Model):
                 condition=Q(suspect_delay_seconds__gte=0)
                 & Q(suspect_delay_seconds__lte=MAX_SUSPECT_DELAY_SECONDS),
                 name="queue_suspect_delay_0_5",
+            ),
+            *(
+                models.CheckConstraint(condition=condition, name=f"queue_{field}_bounds")
+                for field, condition in (
+                    ("alert_waiting_above", Q(alert_waiting_above__lte=MAX_ALERT_COUNT)),
+                    (
+                        "alert_oldest_waiting_seconds",
+                        Q(alert_oldest_waiting_seconds__range=(1, MAX_ALERT_SECONDS)),
+                    ),
+                    (
+                        "alert_dead_letter_per_minute",
+                        Q(alert_dead_letter_per_minute__lte=MAX_ALERT_COUNT),
+                    ),
+                    ("alert_blacklisted_above", Q(alert_blacklisted_above__lte=MAX_ALERT_COUNT)),
+                    (
+                        "alert_stalled_seconds",
+                        Q(alert_stalled_seconds__range=(1, MAX_ALERT_SECONDS)),
+                    ),
+                )
             ),
             models.CheckConstraint(
                 condition=Q(webhook_timeout__gte=MIN_WEBHOOK_TIMEOUT_SECONDS)

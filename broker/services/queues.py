@@ -20,6 +20,15 @@ from broker.selectors import queue_depths
 from broker.services.audit import Actor, audit_record
 from broker.services.transitions.discards import messages_purge_waiting
 
+# The alert thresholds (broker.services.alerts), in the order the console
+# shows them.
+ALERT_SETTINGS = (
+    "alert_waiting_above",
+    "alert_oldest_waiting_seconds",
+    "alert_dead_letter_per_minute",
+    "alert_blacklisted_above",
+    "alert_stalled_seconds",
+)
 # Settings an operator may change after creation, in the order forms and the
 # API show them. The name is fixed: other queues, rules tables and
 # applications refer to it.
@@ -38,6 +47,7 @@ QUEUE_SETTINGS = (
     "suspect_delay_seconds",
     "poison_action",
     "alarm_webhook_url",
+    *ALERT_SETTINGS,
     "max_messages",
     "overflow",
     "discard_to_dead_letter",

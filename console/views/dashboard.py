@@ -1,7 +1,7 @@
 """The dashboard: every queue's depth and limit, the blacklist and dead-letter
-tiles, the last hour's deliveries, whether the workers answer, the last
-messages quarantined or purged automatically, and the admins' form that
-creates a queue."""
+tiles, the last hour's deliveries, whether the workers answer, the alerts
+open now and the last ones ended, the last messages quarantined or purged
+automatically, and the admins' form that creates a queue."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from broker.models import MessageState
-from broker.selectors import heartbeats, last_hour, poison_alarms_recent, queue_summaries
+from broker.selectors import (
+    alerts_recent,
+    heartbeats,
+    last_hour,
+    poison_alarms_recent,
+    queue_summaries,
+)
 from broker.services.queues import queue_create
 from console.charts import rate_chart
 from console.forms import QueueCreateForm
@@ -41,6 +47,7 @@ def _dashboard_context() -> dict[str, Any]:
         ),
         "chart": rate_chart(last_hour()),
         "alarms": poison_alarms_recent(),
+        "alerts": alerts_recent(),
         "workers": [
             {"name": name, "age": beats.get(name), "healthy": beats.get(name, 1e9) <= limit}
             for name, limit in HEALTHY_WITHIN.items()

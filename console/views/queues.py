@@ -1,5 +1,5 @@
-"""A queue's page: depth and limit, pause and resume, purge, publish a test
-message, its settings and its limits."""
+"""A queue's page: depth and limit, its charts and alerts, pause and resume,
+purge, publish a test message, its settings and its limits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from broker.activity import Window, queue_activity
 from broker.models import MessageState, Queue
-from broker.selectors import queue_summary
+from broker.selectors import queue_alerts, queue_summary
 from broker.services.publish import messages_publish
 from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
 from console.charts import activity_charts
@@ -45,6 +45,7 @@ def _queue_page(
     context = {
         **_activity_context(request, queue),
         "summary": queue_summary(queue=queue),
+        "alerts": queue_alerts(queue=queue),
         "queue": queue,
         "states": MessageState.values,
         "settings_form": settings_form or QueueSettingsForm(instance=queue),
@@ -71,7 +72,7 @@ def _activity_context(request: HtmxHttpRequest, queue: Queue) -> dict[str, objec
         choices = " or ".join(each.label for each in Window)
         raise Http404(f"There is no chart window {label!r}: choose {choices}.")
     activity = queue_activity(queue=queue, window=window)
-    return {"window": window, "windows": list(Window), "charts": activity_charts(activity)}
+    return {"window": window, "windows": list(Window), "charts": activity_charts(activity, queue)}
 
 
 @require_POST

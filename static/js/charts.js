@@ -2,7 +2,8 @@
 
    Each chart is an element [data-chart="ID"] beside a JSON script element
    #ID that console/charts.py writes: {zone, times (Unix seconds), series:
-   [{name, label, values}]}. The time axis and the legend's time are told in
+   [{name, label, values}], thresholds: [{name, label, value}]}. Each
+   threshold is a dashed line across the chart in its line's colour. The time axis and the legend's time are told in
    `zone`, the user's time zone; the legend shows each line's value under the
    pointer (its total or current count stays in the caption). A line takes
    the colour its caption's entry has (static/css/console.css). Charts that
@@ -58,6 +59,17 @@
         value: function (u, value) { return value == null ? '–' : numbers.format(value); }
       });
       data.push(line.values);
+    });
+    (chart.thresholds || []).forEach(function (threshold) {
+      series.push({
+        label: threshold.label,
+        stroke: colourOf(figure, threshold.name),
+        width: 1,
+        dash: [6, 4],
+        points: { show: false },
+        value: function () { return numbers.format(threshold.value); }
+      });
+      data.push(chart.times.map(function () { return threshold.value; }));
     });
     host.dataset.drawn = 'true';
     var plot = new uPlot({

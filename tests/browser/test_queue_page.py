@@ -1,6 +1,6 @@
 """A queue's page in a real browser: its charts switch from the last hour to
 the last day in place, and a user who picks a time zone sees the charts'
-times, and every other, in it."""
+times, and every other, in it; the depth chart draws an alert threshold."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 from pytest_django.live_server_helper import LiveServer
 
+from broker.models import Queue
 from broker.services.delivery import queue_deliver
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
@@ -104,3 +105,24 @@ def test_the_chart_tells_its_times_in_the_users_zone_and_the_value_under_the_poi
     time_shown = legend.locator("tr.u-series").first.locator(".u-value")
     expect(time_shown).to_contain_text(now.strftime("%Y-%m-%d"))
     assert abs(_minutes(time_shown.inner_text()[-5:]) - now_minutes) <= 1
+
+
+def test_the_depth_chart_draws_the_waiting_threshold_with_its_value_in_the_legend(
+    page: Page, live_server: LiveServer, viewer: User, payroll: None
+) -> None:
+    Queue.objects.filter(name="PAYROLL").update(alert_waiting_above=4)
+    login(page, live_server, viewer)
+    page.goto(f"{live_server.url}/queues/PAYROLL/")
+    plot = page.locator('[data-chart="chart-states"]')
+    expect(plot.locator("canvas")).to_have_count(1)
+
+    over = plot.locator(".u-over")
+    box = over.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
+    legend = plot.locator(".u-legend")
+    threshold = legend.locator("tr.u-series", has_text="alert: TBDL above 4")
+    expect(threshold.locator(".u-value")).to_have_text("4")
+    expect(legend.locator("tr.u-series", has_text="TBDL").first.locator(".u-value")).to_have_text(
+        "2"
+    )
