@@ -607,6 +607,26 @@ def bulk_job_get(*, job_id: int) -> BulkJob:
     return job
 
 
+@dataclass(frozen=True)
+class AlertFilter:
+    queue: str = ""
+    condition: str = ""
+    # True: open now; False: ended; None: both.
+    open: bool | None = None
+
+
+def alert_episodes(filters: AlertFilter) -> QuerySet[QueueAlert]:
+    """The alert episodes ``filters`` select, unordered, with their queue."""
+    episodes = QueueAlert.objects.select_related("queue")
+    if filters.queue:
+        episodes = episodes.filter(queue__name=filters.queue)
+    if filters.condition:
+        episodes = episodes.filter(condition=filters.condition)
+    if filters.open is not None:
+        episodes = episodes.filter(ended_at__isnull=filters.open)
+    return episodes
+
+
 def alerts_recent(*, limit: int = 10) -> list[QueueAlert]:
     """The alert episodes open now, then the latest ended ones, up to
     ``limit`` in all, each with its queue."""

@@ -51,6 +51,7 @@ FILTERS = {
         "cursor",
     ],
     "/api/v1/audit/": ["actor", "action", "queue", "message_id", "page_size", "cursor"],
+    "/api/v1/alerts/": ["queue", "condition", "open", "page_size", "cursor"],
     "/api/v1/replay-jobs/": ["status", "page_size", "cursor"],
     "/api/v1/dead-letter-queues/SYSTEM.DEAD.LETTER.QUEUE/messages/": ["page_size", "cursor"],
     "/api/v1/rule-tables/": ["queue"],

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
@@ -133,6 +134,19 @@ def test_an_unknown_page_is_html_and_an_unknown_api_path_is_json(client, viewer)
     api = client.get("/api/v1/nowhere/")
     assert api.status_code == 404
     assert api.json()["code"] == "not_found"
+
+
+def test_the_demos_thresholds_show_its_blacklisted_orders_as_an_open_alert(demo, client):
+    from broker.services.alerts import alerts_check
+
+    alerts_check()
+    client.force_login(User.objects.get(username="admin"))
+
+    page = client.get("/").content.decode()
+    [row] = re.findall(r'<tr data-alert="\d+"[^>]*>(.*?)</tr>', page, re.S)
+    assert 'data-open="true"' in page
+    assert "ORDERS.IN" in row
+    assert "Messages blacklisted" in row
 
 
 def test_the_demo_can_run_twice(demo, capsys):

@@ -148,6 +148,7 @@ API: list[Row] = [
         "api-dead-letter-queue-messages", f"/api/v1/dead-letter-queues/{DLQ}/messages/", GET=VIEWER
     ),
     *route("api-audit", "/api/v1/audit/", GET=VIEWER),
+    *route("api-alerts", "/api/v1/alerts/", GET=VIEWER),
     *route("api-archive", "/api/v1/archive/?queue=ORDERS.IN", GET=VIEWER),
     *route("api-tokens", "/api/v1/tokens/", GET=VIEWER, POST=VIEWER),
     *route("api-token", "/api/v1/tokens/{k}/", GET=VIEWER, DELETE=VIEWER),

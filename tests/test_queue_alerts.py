@@ -303,3 +303,53 @@ def test_an_alert_webhook_on_an_internal_address_is_refused_as_every_webhook_is(
     assert receiver.received == []
     [episode] = QueueAlert.objects.all()
     assert episode.notify_error.startswith("not an allowed destination: 127.0.0.1")
+
+
+# --- the API ----------------------------------------------------------------------
+
+ALERTS = "/api/v1/alerts/"
+
+
+def test_the_api_lists_episodes_newest_first_and_filters_them(viewer_api):
+    orders = queue_create(name="ORDERS.IN", alert_waiting_above=0, alert_blacklisted_above=0)
+    payroll = queue_create(name="PAYROLL.IN", alert_waiting_above=0)
+    published(orders, 1)
+    published(payroll, 1)
+    blacklisted(orders)
+    alerts_check()
+    delivered(payroll, 1)
+    alerts_check()
+
+    everything = viewer_api.get(ALERTS).json()["results"]
+    assert [(e["queue"], e["condition"], e["ended_at"] is None) for e in everything] == [
+        ("PAYROLL.IN", "waiting", False),
+        ("ORDERS.IN", "blacklisted", True),
+        ("ORDERS.IN", "waiting", True),
+    ]
+    assert everything[0]["value"] == 1.0
+    assert everything[0]["end_value"] == 0.0
+    assert everything[0]["notification"] == "none"
+
+    def ids(query: str) -> list[tuple[str, str]]:
+        return [
+            (e["queue"], e["condition"]) for e in viewer_api.get(ALERTS + query).json()["results"]
+        ]
+
+    assert ids("?open=true") == [("ORDERS.IN", "blacklisted"), ("ORDERS.IN", "waiting")]
+    assert ids("?open=false") == [("PAYROLL.IN", "waiting")]
+    assert ids("?queue=ORDERS.IN&condition=waiting") == [("ORDERS.IN", "waiting")]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("?open=perhaps", "open"), ("?condition=hot", "condition"), ("?queue=a%20b", "queue")],
+)
+def test_a_bad_alert_filter_is_a_400_naming_its_field(viewer_api, query, field):
+    response = viewer_api.get(ALERTS + query)
+
+    assert response.status_code == 400
+    assert field in response.json()["field_errors"]
+
+
+def test_the_alerts_need_a_signed_in_user(anonymous_api):
+    assert anonymous_api.get(ALERTS).status_code in (401, 403)

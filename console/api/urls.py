@@ -2,6 +2,7 @@ from django.urls import URLPattern, path, register_converter
 from django.views import View
 
 from console.api import (
+    alerts,
     archive,
     audit,
     dead_letters,
@@ -92,6 +93,7 @@ urlpatterns = [
     ),
     path(DLQ, dead_letters.DeadLetterQueueView.as_view(), name="api-dead-letter-queue"),
     path("audit/", audit.AuditListView.as_view(), name="api-audit"),
+    path("alerts/", alerts.AlertListView.as_view(), name="api-alerts"),
     path("archive/", archive.ArchiveSearchView.as_view(), name="api-archive"),
     path("tokens/", tokens.TokenListView.as_view(), name="api-tokens"),
     path("tokens/<int:token_id>/", tokens.TokenDetailView.as_view(), name="api-token"),

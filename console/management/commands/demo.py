@@ -38,9 +38,17 @@ QUEUES: list[dict[str, Any]] = [
         "description": "Orders from the web shop",
         "consumer": "demo",
         "batch_size": 20,
+        # Alerts: a backlog, any blacklisted order, a consumer that stopped.
+        "alert_waiting_above": 500,
+        "alert_blacklisted_above": 0,
+        "alert_stalled_seconds": 300,
     },
     {"name": "PAYMENTS.IN", "description": "Card and bank payment events", "consumer": "json"},
-    {"name": "PAYMENTS.PARKED", "description": "Payments for a person to look at"},
+    {
+        "name": "PAYMENTS.PARKED",
+        "description": "Payments for a person to look at",
+        "alert_oldest_waiting_seconds": 4 * 3600,
+    },
     {
         "name": "NOTIFY.OUT",
         "description": "E-mail and SMS notifications",
