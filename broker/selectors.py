@@ -100,9 +100,11 @@ class SubscriptionSummary:
         return LimitState(live=live_count(self.depth), max_messages=self.subscription.max_messages)
 
 
-def subscription_summaries() -> list[SubscriptionSummary]:
-    """Every subscription by name, with its queue's depth: two queries."""
-    subscriptions = list(Subscription.objects.select_related("topic", "queue").order_by("name"))
+def subscription_summaries(*, within: Q | None = None) -> list[SubscriptionSummary]:
+    """Every subscription (of those ``within`` selects) by name, with its
+    queue's depth: two queries."""
+    selected = Subscription.objects.select_related("topic", "queue").order_by("name")
+    subscriptions = list(selected if within is None else selected.filter(within))
     depths = queue_depths(queue_ids=[subscription.queue_id for subscription in subscriptions])
     return [
         SubscriptionSummary(subscription=subscription, depth=depths[subscription.queue_id])
@@ -131,12 +133,13 @@ def queue_depths(*, queue_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     return dict(depths)
 
 
-def queue_summaries(*, by_kind: bool = False) -> list[QueueSummary]:
-    """Every queue with its depth by state, by name (``by_kind``: by kind,
-    dead-letter queues first, then by name): two queries whatever the
-    backlog."""
+def queue_summaries(*, by_kind: bool = False, within: Q | None = None) -> list[QueueSummary]:
+    """Every queue (of those ``within`` selects) with its depth by state, by
+    name (``by_kind``: by kind, dead-letter queues first, then by name): two
+    queries whatever the backlog."""
     ordering = ("kind", "name") if by_kind else ("name",)
-    queues = list(Queue.objects.select_related("dead_letter_queue").order_by(*ordering))
+    selected = Queue.objects.select_related("dead_letter_queue").order_by(*ordering)
+    queues = list(selected.filter(within) if within is not None else selected)
     depths = queue_depths(queue_ids=[queue.id for queue in queues])
     return [QueueSummary(queue=queue, depth=depths[queue.id]) for queue in queues]
 
@@ -145,9 +148,12 @@ def queue_summary(*, queue: Queue) -> QueueSummary:
     return QueueSummary(queue=queue, depth=queue_depths(queue_ids=[queue.id])[queue.id])
 
 
-def queue_names(*, exclude: Queue | None = None) -> list[str]:
-    """Every queue's name in order, but ``exclude``'s: where a message can go."""
+def queue_names(*, exclude: Queue | None = None, within: Q | None = None) -> list[str]:
+    """Every queue's name (of those ``within`` selects) in order, but
+    ``exclude``'s: where a message can go."""
     queues = Queue.objects.order_by("name")
+    if within is not None:
+        queues = queues.filter(within)
     if exclude is not None:
         queues = queues.exclude(id=exclude.id)
     return list(queues.values_list("name", flat=True))
@@ -277,13 +283,14 @@ COUNT_CAP = 1000
 SEARCH_SPAN = 100_000
 
 
-def filtered_messages(filters: MessageFilter) -> QuerySet[Message]:
-    """The messages ``filters`` select, unordered.
+def filtered_messages(filters: MessageFilter, *, within: Q | None = None) -> QuerySet[Message]:
+    """The messages ``filters`` select (of those ``within``, a filter on
+    messages, selects), unordered.
 
     The queue is matched by its id from a subquery, not through a join: the
     planner then reads message_queue_id_idx by (queue_id, id), in id order,
     where a join hashes every message of the table first."""
-    rows = Message.objects.all()
+    rows = Message.objects.all() if within is None else Message.objects.filter(within)
     if filters.queue:
         queue = Queue.objects.filter(name=filters.queue).values("id")
         rows = rows.filter(queue_id=Subquery(queue))
@@ -327,16 +334,17 @@ def search_span(*, filters: MessageFilter, before: int | None) -> SearchedIds | 
 
 
 def messages_page(
-    *, filters: MessageFilter, before: int | None = None, size: int = 50
+    *, filters: MessageFilter, before: int | None = None, size: int = 50, within: Q | None = None
 ) -> MessagePage:
     """Newest first, by keyset on the id (index message_queue_id_idx or the
     primary key): a page costs the same however deep the reader goes. The
     count stops at COUNT_CAP, so a page never counts the whole table. A
-    header or payload-text search reads one span of ids (``search_span``)."""
+    header or payload-text search reads one span of ids (``search_span``).
+    ``within``: a filter on messages (the queues a caller sees)."""
     span = search_span(filters=filters, before=before)
     if span is not None:
-        return _searched_page(filters=filters, span=span, size=size)
-    rows = filtered_messages(filters)
+        return _searched_page(filters=filters, span=span, size=size, within=within)
+    rows = filtered_messages(filters, within=within)
     page_rows = rows.filter(id__lt=before) if before else rows
     found = list(page_rows.select_related("queue").defer("payload").order_by("-id")[: size + 1])
     capped = rows.order_by()[: COUNT_CAP + 1].count()
@@ -347,11 +355,13 @@ def messages_page(
     )
 
 
-def _searched_page(*, filters: MessageFilter, span: SearchedIds, size: int) -> MessagePage:
+def _searched_page(
+    *, filters: MessageFilter, span: SearchedIds, size: int, within: Q | None
+) -> MessagePage:
     """One pass over the span finds the ids of up to COUNT_CAP + 1 matches,
     newest first; the page's rows are then read by id."""
     ids = list(
-        filtered_messages(filters)
+        filtered_messages(filters, within=within)
         .filter(id__gte=span.low, id__lt=span.high)
         .order_by("-id")
         .values_list("id", flat=True)[: COUNT_CAP + 1]
@@ -383,9 +393,9 @@ class AuditFilter:
     message_id: int | None = None
 
 
-def audit_events(filters: AuditFilter) -> QuerySet[AuditEvent]:
-    """The events ``filters`` select, unordered."""
-    events = AuditEvent.objects.all()
+def audit_events(filters: AuditFilter, *, within: Q | None = None) -> QuerySet[AuditEvent]:
+    """The events ``filters`` select (of those ``within`` selects), unordered."""
+    events = AuditEvent.objects.all() if within is None else AuditEvent.objects.filter(within)
     if filters.actor:
         events = events.filter(actor_name=filters.actor)
     if filters.action:
@@ -398,10 +408,11 @@ def audit_events(filters: AuditFilter) -> QuerySet[AuditEvent]:
 
 
 def audit_page(
-    *, filters: AuditFilter, before: int | None = None, size: int = 100
+    *, filters: AuditFilter, before: int | None = None, size: int = 100, within: Q | None = None
 ) -> tuple[list[AuditEvent], int | None]:
-    """Newest first, keyset on the id; returns the events and the next cursor."""
-    events = audit_events(filters)
+    """Newest first, keyset on the id (of the events ``within`` selects);
+    returns the events and the next cursor."""
+    events = audit_events(filters, within=within)
     if before:
         events = events.filter(id__lt=before)
     found = list(events.order_by("-id")[: size + 1])
@@ -500,12 +511,13 @@ class DeadLetterTriage:
     last_scan: DeadLetterScan | None
 
 
-def dead_letter_triage() -> list[DeadLetterTriage]:
-    """Every dead-letter queue by name with what triage starts from: five
-    queries however many queues and messages (queues with their last scan,
-    active tables, depth counters, the grouped counts, the oldest arrivals),
-    each on an index."""
-    queues = list(dead_letter_queue_list().select_related("last_scan"))
+def dead_letter_triage(*, within: Q | None = None) -> list[DeadLetterTriage]:
+    """Every dead-letter queue (of those ``within`` selects) by name with
+    what triage starts from: five queries however many queues and messages
+    (queues with their last scan, active tables, depth counters, the grouped
+    counts, the oldest arrivals), each on an index."""
+    listed = dead_letter_queue_list().select_related("last_scan")
+    queues = list(listed if within is None else listed.filter(within))
     ids = [queue.id for queue in queues]
     active = {
         table.queue_id: table
@@ -532,16 +544,16 @@ class MinuteCounts:
     failed: int
 
 
-def last_hour() -> list[MinuteCounts]:
-    """Deliveries and failures of every queue for each of the last 60
-    minutes, oldest first, minutes without any as zeros."""
+def last_hour(*, queue_ids: list[int] | None = None) -> list[MinuteCounts]:
+    """Deliveries and failures of every queue (or of ``queue_ids``) for each
+    of the last 60 minutes, oldest first, minutes without any as zeros."""
     now = timezone.now().replace(second=0, microsecond=0)
     first = now - timedelta(minutes=59)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT minute, sum(delivered), sum(failed) FROM broker_queueminute_current"
-            " WHERE minute >= %s GROUP BY minute",
-            [first],
+            " WHERE minute >= %s AND (%s IS NULL OR queue_id = ANY(%s)) GROUP BY minute",
+            [first, queue_ids, queue_ids],
         )
         rows = {
             minute: {"delivered": delivered, "failed": failed}
@@ -615,9 +627,12 @@ class AlertFilter:
     open: bool | None = None
 
 
-def alert_episodes(filters: AlertFilter) -> QuerySet[QueueAlert]:
-    """The alert episodes ``filters`` select, unordered, with their queue."""
+def alert_episodes(filters: AlertFilter, *, within: Q | None = None) -> QuerySet[QueueAlert]:
+    """The alert episodes ``filters`` select (of those ``within`` selects),
+    unordered, with their queue."""
     episodes = QueueAlert.objects.select_related("queue")
+    if within is not None:
+        episodes = episodes.filter(within)
     if filters.queue:
         episodes = episodes.filter(queue__name=filters.queue)
     if filters.condition:
@@ -627,14 +642,13 @@ def alert_episodes(filters: AlertFilter) -> QuerySet[QueueAlert]:
     return episodes
 
 
-def alerts_recent(*, limit: int = 10) -> list[QueueAlert]:
-    """The alert episodes open now, then the latest ended ones, up to
-    ``limit`` in all, each with its queue."""
-    return list(
-        QueueAlert.objects.select_related("queue").order_by(
-            F("ended_at").desc(nulls_first=True), "-id"
-        )[:limit]
-    )
+def alerts_recent(*, limit: int = 10, within: Q | None = None) -> list[QueueAlert]:
+    """The alert episodes (of those ``within`` selects) open now, then the
+    latest ended ones, up to ``limit`` in all, each with its queue."""
+    episodes = QueueAlert.objects.select_related("queue")
+    if within is not None:
+        episodes = episodes.filter(within)
+    return list(episodes.order_by(F("ended_at").desc(nulls_first=True), "-id")[:limit])
 
 
 def queue_alerts(*, queue: Queue, limit: int = 10) -> list[QueueAlert]:
@@ -646,11 +660,13 @@ def queue_alerts(*, queue: Queue, limit: int = 10) -> list[QueueAlert]:
     )
 
 
-def poison_alarms_recent(*, limit: int = 10) -> list[PoisonAlarm]:
-    """The latest messages quarantined or purged automatically, newest first,
-    each with ``has_page``: whether its message still exists to be shown."""
+def poison_alarms_recent(*, limit: int = 10, within: Q | None = None) -> list[PoisonAlarm]:
+    """The latest messages quarantined or purged automatically (of those
+    ``within`` selects), newest first, each with ``has_page``: whether its
+    message still exists to be shown."""
+    alarms = PoisonAlarm.objects.all() if within is None else PoisonAlarm.objects.filter(within)
     return list(
-        PoisonAlarm.objects.annotate(
+        alarms.annotate(
             has_page=Exists(Message.objects.filter(id=OuterRef("message_id")))
         ).order_by("-id")[:limit]
     )

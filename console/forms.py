@@ -9,6 +9,7 @@ from typing import Any, Self
 
 from django import forms
 from django.conf import settings
+from django.db.models import Q
 from django.http import QueryDict
 
 from broker.consumers import handler_names
@@ -427,11 +428,20 @@ class ReplayForm(WindowForm):
         required=False, help_text="Count and sample what would be written; write nothing."
     )
 
+    def __init__(self, *args: Any, within: Q | None = None, **kwargs: Any) -> None:
+        """``within``: the queues the user sees (console.access), the only
+        dead-letter queues offered."""
+        super().__init__(*args, **kwargs)
+        if within is not None:
+            field = self.fields["source_queue"]
+            assert isinstance(field, forms.ModelChoiceField)
+            field.queryset = dead_letter_queue_list().filter(within)
+
     @classmethod
-    def prefilled(cls, query: QueryDict) -> Self:
+    def prefilled(cls, query: QueryDict, *, within: Q | None = None) -> Self:
         """An unbound form showing the query string's values (an archive
         search's "Replay these"); a value that does not parse is left out."""
-        form = cls()
+        form = cls(within=within)
         for name, field in form.fields.items():
             if query.get(name):
                 try:
@@ -542,10 +552,11 @@ class ScheduleForm(ReplayForm, TimingForm):
         del self.fields["dry_run"]  # a schedule writes: preview with a one-off dry run
 
     @classmethod
-    def of(cls, spec: ScheduleSpec) -> ScheduleForm:
+    def of(cls, spec: ScheduleSpec, *, within: Q | None = None) -> ScheduleForm:
         """An unbound form showing a saved schedule's spec."""
         replay, selection, timing = spec.replay, spec.replay.filter, spec.timing
         return cls(
+            within=within,
             initial={
                 "name": spec.name,
                 "source": replay.source,
@@ -565,7 +576,7 @@ class ScheduleForm(ReplayForm, TimingForm):
                 "cool_off_minutes": spec.cool_off_minutes,
                 "give_up_after": spec.give_up_after,
                 "enabled": spec.enabled,
-            }
+            },
         )
 
     def replay_fields(self) -> list[forms.BoundField]:
@@ -610,11 +621,13 @@ class ArchiveSearchForm(WindowForm):
     until = _datetime_local("published before")
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, within: Q | None = None, **kwargs: Any) -> None:
+        """``within``: the queues the user sees (console.access), the only ones offered."""
         super().__init__(*args, **kwargs)
         queue = self.fields["queue"]
         assert isinstance(queue, forms.ChoiceField)
-        queue.choices = [("", "choose a queue"), *((name, name) for name in queue_names())]
+        names = queue_names(within=within)
+        queue.choices = [("", "choose a queue"), *((name, name) for name in names)]
 
 
 def _node_choices() -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 
 from broker.errors import AlreadyExists, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
-from console.access import pattern_problem
+from console.access import access_of, pattern_problem
 from console.models import Grant
 from console.roles import GROUP_ROLES, Role
 
@@ -32,13 +32,21 @@ class Grantee:
         return {"user": self.user} if self.user else {"group": self.group}
 
 
-def _checked(pattern: str, role: str, to: Grantee) -> tuple[Role, User | None, Group | None]:
+def _checked(
+    pattern: str, role: str, to: Grantee, actor: Actor
+) -> tuple[Role, User | None, Group | None]:
     errors: dict[str, list[str]] = {}
     problem = pattern_problem(pattern)
     if problem:
         errors["pattern"] = [problem]
     if role not in GROUP_ROLES:
         errors["role"] = [f"Choose one of {', '.join(GROUP_ROLES)}."]
+    elif (
+        not problem
+        and isinstance(actor, User)
+        and not access_of(actor).holds_on_pattern(GROUP_ROLES[role], pattern)
+    ):
+        errors["role"] = [f"You do not hold {role} on every queue {pattern} matches."]
     user = group = None
     if bool(to.user) == bool(to.group):
         errors["user"] = ["Name a user or a group (one of them)."]
@@ -47,7 +55,7 @@ def _checked(pattern: str, role: str, to: Grantee) -> tuple[Role, User | None, G
         if user is None:
             errors["user"] = [f"There is no user {to.user!r}."]
     else:
-        group = Group.objects.filter(name=to.group).first()
+        group = Group.objects.filter(name=to.group).exclude(name__in=GROUP_ROLES).first()
         if group is None:
             errors["group"] = [f"There is no group {to.group!r}."]
     if errors:
@@ -59,7 +67,7 @@ def grant_add(*, pattern: str, role: str, to: Grantee, actor: Actor) -> Grant:
     """Give ``to`` the role on the queues ``pattern`` matches. A second
     grant on the same pattern to the same user or group is refused: change
     it by removing it first."""
-    level, user, group = _checked(pattern, role, to)
+    level, user, group = _checked(pattern, role, to, actor)
     try:
         with transaction.atomic():
             grant = Grant.objects.create(user=user, group=group, role=level, pattern=pattern)

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from console.roles import Role
+
 TOKEN_NAME_MAX_LENGTH = 100
 # A queue name (48 characters) with room for the pattern's wildcards.
 QUEUE_PATTERN_MAX_LENGTH = 96
@@ -50,6 +52,10 @@ class ApiToken(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def get_at_most_label(self) -> str:
+        """The most this token may hold (a role's name), or blank: its user's."""
+        return "" if self.at_most is None else Role(self.at_most).label
 
 
 class Preference(models.Model):
@@ -98,3 +104,7 @@ class Grant(models.Model):
 
     def __str__(self) -> str:
         return f"role {self.role} on {self.pattern}"
+
+    def get_role_label(self) -> str:
+        """The role's name: viewer, operator or admin."""
+        return Role(self.role).label

@@ -45,13 +45,27 @@ def user_role(user: AbstractBaseUser | AnonymousUser) -> Role:
 
 
 def role_context(request: HttpRequest) -> dict[str, Any]:
-    role = user_role(request.user)
-    return {"role": role, "can_operate": role >= Role.OPERATOR, "can_admin": role >= Role.ADMIN}
+    """What every page may show: the user's installation-wide role, whether
+    they operate or administer some queue (a queue's or a message's page
+    says for that one), and whether they administer the installation."""
+    from console.access import request_access
+
+    access = request_access(request)
+    return {
+        "role": user_role(request.user),
+        "can_operate": access.anywhere(Role.OPERATOR),
+        "can_admin": access.anywhere(Role.ADMIN),
+        "can_admin_installation": access.everywhere >= Role.ADMIN,
+    }
 
 
 class HasRole(BasePermission):
     """Reads need viewer; writes need the view's ``write_role`` (operator by
-    default). Set ``read_role`` or ``write_role`` on a view to change that."""
+    default), on some queue at least: the queues each request acts on then
+    decide (console.access). Set ``read_role`` or ``write_role`` on a view
+    to change that, and ``installation_wide`` on one that acts on no queue
+    (the HA pair), or ``installation_wide_writes`` on one whose writes act
+    on none (topics): its role must then be held on every queue."""
 
     message = "Your role does not allow this."
 
@@ -63,4 +77,13 @@ class HasRole(BasePermission):
             if request.method in SAFE_METHODS
             else getattr(view, "write_role", Role.OPERATOR)
         )
-        return user_role(request.user) >= needed
+        from console.access import request_access
+
+        access = request_access(request)
+        if getattr(view, "installation_wide", False) or (
+            request.method not in SAFE_METHODS and getattr(view, "installation_wide_writes", False)
+        ):
+            return access.everywhere >= needed
+        # A path that names a queue, a message, a job…: the view's check on
+        # it decides, so one the caller may not see is not there (404).
+        return access.anywhere(Role.VIEWER if getattr(view, "kwargs", None) else needed)

@@ -245,7 +245,11 @@ SPECTACULAR_SETTINGS = {
     # (no read-only fields, nothing blank) is not what it reads back.
     "COMPONENT_SPLIT_REQUEST": True,
     # A replay job's status, in the job and in a schedule's last job: one enum.
-    "ENUM_NAME_OVERRIDES": {"ReplayJobStatusEnum": "broker.models.ReplayJobStatus"},
+    "ENUM_NAME_OVERRIDES": {
+        "ReplayJobStatusEnum": "broker.models.ReplayJobStatus",
+        # A grant's role, and the most a narrowed token may hold.
+        "QueueRoleEnum": ["viewer", "operator", "admin"],
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.api.schema.add_error_responses",

@@ -1,6 +1,7 @@
 """Users and their roles: what the ``user`` command and the console's Users
-page do. A user has one role (the group of that name); each change is an
-audit event, and no change may leave the instance without an active admin.
+page do. A user has one installation-wide role (the group of that name), or
+none (then only their grants give them any); each change is an audit event,
+and no change may leave the instance without an active admin.
 A deactivated user's sessions and API tokens stop working at once (both
 check ``is_active`` on every request)."""
 
@@ -20,7 +21,9 @@ from broker.errors import BrokerError, InvalidInput, NotFound
 from broker.services.audit import Actor, audit_record
 from console.roles import GROUP_ROLES, Role, user_role
 
-ROLES = tuple(GROUP_ROLES)  # viewer, operator, admin
+# An installation-wide role, or none: a user who acts only where grants
+# give them a role (console.access).
+ROLES = (Role.NONE.label, *GROUP_ROLES)
 NAME_MAX_LENGTH = 150
 
 
@@ -111,8 +114,9 @@ def user_get(*, name: str) -> User:
 
 
 def _set_group(user: User, role: str) -> None:
-    user.groups.remove(*Group.objects.filter(name__in=ROLES))
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    user.groups.remove(*Group.objects.filter(name__in=GROUP_ROLES))
+    if role in GROUP_ROLES:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
 
 
 def user_create(*, name: str, role: str, password: str, actor: Actor) -> User:

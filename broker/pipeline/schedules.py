@@ -576,9 +576,11 @@ def _submit(schedule: ReplaySchedule, *, manual: bool, actor: Actor) -> Schedule
 # --- reads -------------------------------------------------------------------------------
 
 
-def schedules_all() -> list[ReplaySchedule]:
-    """The schedules not deleted, by name, each with its latest job."""
-    return list(_with_latest_job(ReplaySchedule.objects.filter(deleted_at__isnull=True)))
+def schedules_all(*, within: Q | None = None) -> list[ReplaySchedule]:
+    """The schedules not deleted (of those ``within`` selects), by name,
+    each with its latest job."""
+    schedules = ReplaySchedule.objects.filter(deleted_at__isnull=True)
+    return list(_with_latest_job(schedules if within is None else schedules.filter(within)))
 
 
 def _with_latest_job(queryset: Any) -> Any:

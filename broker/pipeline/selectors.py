@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from broker.errors import ReplayJobNotFound
 from broker.models import Message, ReplayJob, ReplaySource
 from broker.pipeline.selection import ReplaySpec, replay_validate
@@ -56,8 +58,12 @@ def replayed_from(*, message_id: int) -> Replayed | None:
     return None if row is None else Replayed(*row)
 
 
-def replay_jobs_recent(*, limit: int = 50) -> list[ReplayJob]:
-    return list(ReplayJob.objects.select_related("created_by").order_by("-id")[:limit])
+def replay_jobs_recent(*, limit: int = 50, within: Q | None = None) -> list[ReplayJob]:
+    """The latest jobs (of those ``within`` selects), newest first."""
+    jobs = ReplayJob.objects.select_related("created_by")
+    if within is not None:
+        jobs = jobs.filter(within)
+    return list(jobs.order_by("-id")[:limit])
 
 
 def replay_preview(spec: ReplaySpec) -> int:

@@ -39,7 +39,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Func, TextField
+from django.db.models import F, Func, Q, TextField
 from django.db.models.functions import Cast
 
 from broker.errors import BrokerError, InvalidInput, QueueNotFound
@@ -207,15 +207,17 @@ def _csv_row(row: tuple[Any, ...]) -> list[Any]:
 
 
 def export_rows(
-    filters: MessageFilter, *, chunk_rows: int = EXPORT_CHUNK_ROWS
+    filters: MessageFilter, *, chunk_rows: int = EXPORT_CHUNK_ROWS, within: Q | None = None
 ) -> Iterator[list[tuple[Any, ...]]]:
-    """The messages ``filters`` select, oldest id first, a chunk at a time.
+    """The messages ``filters`` select (of those ``within`` selects), oldest
+    id first, a chunk at a time.
 
     Keyset by id: each chunk is its own short query (``id > last``), so an
     export of millions holds neither a transaction open (which would stop
     VACUUM) nor more than one chunk in memory."""
+    selected = filtered_messages(filters)
     rows = (
-        filtered_messages(filters)
+        (selected if within is None else selected.filter(within))
         .annotate(**EXPORT_ANNOTATIONS)
         .order_by("id")
         .values_list(*ROW_FIELDS)
@@ -278,8 +280,10 @@ def messages_export(
     actor: Actor,
     via: str,
     chunk_rows: int = EXPORT_CHUNK_ROWS,
+    within: Q | None = None,
 ) -> Iterator[str]:
-    """The messages ``filters`` select as JSON Lines or CSV text, a chunk of
+    """The messages ``filters`` select (of those ``within``, a filter on
+    messages, selects) as JSON Lines or CSV text, a chunk of
     rows at a time, to be written as it comes (constant memory however many
     match). Checks the format and the queue at once (InvalidInput,
     QueueNotFound); reads nothing until iterated. Once the last chunk is
@@ -287,7 +291,7 @@ def messages_export(
     event: who, which filter, which format, how many, and whether the export
     was read to its end."""
     _check_export(filters, export_format)
-    chunks = export_rows(filters, chunk_rows=chunk_rows)
+    chunks = export_rows(filters, chunk_rows=chunk_rows, within=within)
     return _audited(filters, export_format, actor, via, chunks)
 
 

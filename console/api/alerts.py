@@ -13,9 +13,11 @@ from rest_framework.response import Response
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, AlertCondition, QueueAlert, queue_name_validator
 from broker.selectors import AlertFilter, alert_episodes
+from console.access import request_access
 from console.api.fields import BodyModelSerializer, QuerySerializer, parsed
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR
+from console.roles import Role
 
 
 class AlertQuerySerializer(QuerySerializer[AlertFilter]):
@@ -66,9 +68,9 @@ class AlertListView(ListAPIView[QueueAlert]):
     filter_backends: list[Any] = []
 
     def get_queryset(self) -> QuerySet[QueueAlert]:
-        return alert_episodes(
-            parsed(AlertQuerySerializer, self.request.query_params).alert_filter()
-        )
+        filters = parsed(AlertQuerySerializer, self.request.query_params).alert_filter()
+        within = request_access(self.request).queues(Role.VIEWER, field="queue__name")
+        return alert_episodes(filters, within=within)
 
     @extend_schema(parameters=[AlertQuerySerializer], responses={200: AlertSerializer, 400: ERROR})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -13,8 +13,10 @@ from rest_framework.views import APIView
 from broker.models import QUEUE_NAME_MAX_LENGTH, MessageState, queue_name_validator
 from broker.pipeline.selectors import ArchivedMessage
 from broker.services.transfer import payload_document
+from console.access import request_access
 from console.api.fields import BodySerializer, QuerySerializer, parsed
 from console.api.schema import ERROR
+from console.roles import Role
 
 
 class ArchiveQuerySerializer(QuerySerializer[dict[str, Any]]):
@@ -81,6 +83,7 @@ class ArchiveSearchView(APIView):
         from broker.pipeline.archive_reads import archive_search
 
         query = parsed(ArchiveQuerySerializer, request.query_params).validated_data
+        request_access(request).check(Role.VIEWER, query["queue"])
         size = query.pop("page_size")
         found = archive_search(**query, limit=size + 1)
         return Response(

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from broker.models import QUEUE_NAME_MAX_LENGTH, AuditEvent, queue_name_validator
 from broker.selectors import AuditFilter, audit_events
+from console.access import audit_within, request_access
 from console.api.fields import BodyModelSerializer, QuerySerializer, parsed
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR
@@ -49,7 +50,8 @@ class AuditListView(ListAPIView[AuditEvent]):
     filter_backends: list[Any] = []
 
     def get_queryset(self) -> QuerySet[AuditEvent]:
-        return audit_events(parsed(AuditQuerySerializer, self.request.query_params).audit_filter())
+        filters = parsed(AuditQuerySerializer, self.request.query_params).audit_filter()
+        return audit_events(filters, within=audit_within(request_access(self.request)))
 
     @extend_schema(
         parameters=[AuditQuerySerializer], responses={200: AuditEventSerializer, 400: ERROR}

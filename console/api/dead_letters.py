@@ -23,10 +23,12 @@ from broker.selectors import (
     queue_summary,
 )
 from broker.services.dead_letters import dead_letter_scan
+from console.access import request_access
 from console.api.fields import BodySerializer
 from console.api.messages import MessageListSerializer, NewestFirst, listed
 from console.api.queues import QueueSummarySerializer
 from console.api.schema import ERROR
+from console.roles import Role
 
 
 class GroupCountSerializer(BodySerializer[tuple[str, int]]):
@@ -54,6 +56,7 @@ ScanResultSerializer = type(
 class DeadLetterQueueView(APIView):
     @extend_schema(responses={200: DeadLetterQueueSerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
+        request_access(request).check(Role.VIEWER, name)
         queue = dead_letter_queue_get(name=name)
         groups = dead_letter_groups(queue=queue)
         table = active_rule_table(queue=queue)
@@ -79,6 +82,7 @@ class DeadLetterApplyView(APIView):
         "as the handler would; 409 `no_active_rules` when it has none.",
     )
     def post(self, request: Request, name: str) -> Response:
+        request_access(request).check(Role.OPERATOR, name)
         queue = dead_letter_queue_get(name=name)
         if active_rule_table(queue=queue) is None:
             raise NoActiveRules(f"{name} has no active rules table.")
@@ -117,6 +121,7 @@ class DeadLetterMessagesView(ListAPIView[Message]):
     filter_backends: list[Any] = []
 
     def get_queryset(self) -> QuerySet[Message]:
+        request_access(self.request).check(Role.VIEWER, self.kwargs["name"])
         queue = dead_letter_queue_get(name=self.kwargs["name"])
         return listed(Message.objects.filter(queue=queue, state=MessageState.TO_BE_DELIVERED))
 

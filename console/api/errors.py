@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import (
@@ -174,6 +175,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if isinstance(exc, DjangoPermissionDenied):
+        # Raised by console.access with what the caller lacks: DRF's own
+        # conversion would drop the words.
+        exc = exceptions.PermissionDenied(str(exc) or None)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

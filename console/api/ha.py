@@ -128,12 +128,15 @@ def admin_user(request: Request) -> User:
 
 
 class HaView(APIView):
+    installation_wide = True
+
     @extend_schema(responses={200: HaOverviewSerializer})
     def get(self, request: Request) -> Response:
         return Response(HaOverviewSerializer(ha_overview()).data)
 
 
 class HaSwitchoverView(APIView):
+    installation_wide = True
     write_role = Role.ADMIN
 
     @extend_schema(
@@ -148,6 +151,7 @@ class HaSwitchoverView(APIView):
 
 
 class HaResolveView(APIView):
+    installation_wide = True
     write_role = Role.ADMIN
 
     @extend_schema(
@@ -163,6 +167,7 @@ class HaResolveView(APIView):
 
 
 class HaExportRepublishView(APIView):
+    installation_wide = True
     write_role = Role.ADMIN
 
     @extend_schema(

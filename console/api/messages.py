@@ -17,10 +17,9 @@ from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
 from broker.models import Message, MessageState
-from broker.selectors import message_get
 from broker.services.publish import messages_publish
-from broker.services.queues import queue_get
 from broker.services.transfer import payload_document
+from console.access import message_held, queue_held, request_access
 from console.api.fields import BodyModelSerializer
 from console.api.queues import (
     PUBLISH_EXAMPLES,
@@ -29,6 +28,7 @@ from console.api.queues import (
     as_batch,
 )
 from console.api.schema import ERROR
+from console.roles import Role
 
 
 class MessageListSerializer(BodyModelSerializer[Message]):
@@ -197,7 +197,8 @@ class QueueMessagesView(ListAPIView[Message]):
     pagination_class = NewestFirst
 
     def get_queryset(self) -> QuerySet[Message]:
-        return listed(Message.objects.filter(queue=queue_get(name=self.kwargs["name"])))
+        queue = queue_held(self.request, Role.VIEWER, self.kwargs["name"])
+        return listed(Message.objects.filter(queue=queue))
 
     @extend_schema(
         request=PublishSerializer,
@@ -209,6 +210,7 @@ class QueueMessagesView(ListAPIView[Message]):
         ),
     )
     def post(self, request: Request, name: str) -> Response:
+        request_access(request).check(Role.OPERATOR, name)
         serializer = PublishSerializer(data=as_batch(request.data))
         serializer.is_valid(raise_exception=True)
         ids = messages_publish(
@@ -223,4 +225,4 @@ class QueueMessagesView(ListAPIView[Message]):
 class MessageDetailView(APIView):
     @extend_schema(responses={200: MessageSerializer, 404: ERROR})
     def get(self, request: Request, message_id: int) -> Response:
-        return Response(MessageSerializer(message_get(message_id=message_id)).data)
+        return Response(MessageSerializer(message_held(request, Role.VIEWER, message_id)).data)

@@ -43,11 +43,11 @@ from broker.services.queues import (
     SECRET_SETTINGS,
     queue_create,
     queue_delete,
-    queue_get,
     queue_pause,
     queue_purge,
     queue_update,
 )
+from console.access import queue_held, request_access
 from console.api.fields import (
     BodyModelSerializer,
     BodySerializer,
@@ -332,7 +332,7 @@ class QueueListView(APIView):
 
     @extend_schema(responses=QueueSummarySerializer(many=True))
     def get(self, request: Request) -> Response:
-        summaries = queue_summaries()
+        summaries = queue_summaries(within=request_access(request).queues(Role.VIEWER))
         # many=True builds a ListSerializer, which takes the list.
         return Response(QueueSummarySerializer(summaries, many=True).data)  # type: ignore[arg-type]
 
@@ -340,6 +340,10 @@ class QueueListView(APIView):
     def post(self, request: Request) -> Response:
         serializer = QueueSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        access = request_access(request)
+        access.check_create(serializer.validated_data["name"])
+        if dead_letter_queue := serializer.validated_data.get("dead_letter_queue"):
+            access.check(Role.VIEWER, dead_letter_queue.name)
         queue = queue_create(actor=request.user, **serializer.validated_data)
         return Response(queue_json(queue), status=status.HTTP_201_CREATED)
 
@@ -349,7 +353,7 @@ class QueueDetailView(APIView):
 
     @extend_schema(responses={200: QueueSummarySerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
-        return Response(queue_json(queue_get(name=name)))
+        return Response(queue_json(queue_held(request, Role.VIEWER, name)))
 
     @extend_schema(
         request=QueueSettingsSerializer, responses={200: QueueSummarySerializer, 400: ERROR}
@@ -364,16 +368,18 @@ class QueueDetailView(APIView):
         return self._update(request, name, partial=True)
 
     def _update(self, request: Request, name: str, *, partial: bool) -> Response:
-        queue = queue_get(name=name)
+        queue = queue_held(request, Role.ADMIN, name)
         serializer = QueueSettingsSerializer(queue, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
+        if dead_letter_queue := serializer.validated_data.get("dead_letter_queue"):
+            request_access(request).check(Role.VIEWER, dead_letter_queue.name)
         return Response(
             queue_json(queue_update(queue=queue, actor=request.user, **serializer.validated_data))
         )
 
     @extend_schema(responses={204: None, 404: ERROR, 409: ERROR})
     def delete(self, request: Request, name: str) -> Response:
-        queue_delete(queue=queue_get(name=name), actor=request.user)
+        queue_delete(queue=queue_held(request, Role.ADMIN, name), actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -385,7 +391,8 @@ class QueuePauseView(APIView):
 
     @extend_schema(request=None, responses={200: QueueSummarySerializer, 404: ERROR})
     def post(self, request: Request, name: str) -> Response:
-        queue = queue_pause(queue=queue_get(name=name), paused=self.paused, actor=request.user)
+        queue = queue_held(request, Role.OPERATOR, name)
+        queue = queue_pause(queue=queue, paused=self.paused, actor=request.user)
         return Response(queue_json(queue))
 
 
@@ -397,7 +404,7 @@ class QueuePurgeView(APIView):
         "the queue's name exactly, or nothing is deleted (409 `confirmation_mismatch`).",
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = queue_get(name=name)
+        queue = queue_held(request, Role.OPERATOR, name)
         confirm = parsed(ConfirmSerializer, request.data).validated_data["confirm"]
         deleted = queue_purge(queue=queue, confirmation=confirm, actor=request.user)
         return Response({"deleted": deleted})

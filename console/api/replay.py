@@ -7,6 +7,7 @@ from typing import Any
 
 import django_filters
 from django.core.validators import RegexValidator
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import ListAPIView
@@ -30,7 +31,14 @@ from broker.pipeline.selection import (
     ReplaySpec,
     replay_spec_parse,
 )
-from broker.pipeline.selectors import replay_job_get, replay_preview
+from broker.pipeline.selectors import replay_preview
+from console.access import (
+    check_replay,
+    held_replay,
+    replay_job_held,
+    replays_within,
+    request_access,
+)
 from console.api.fields import BodyModelSerializer, BodySerializer, as_mapping
 from console.api.messages import NewestFirst
 from console.api.schema import ERROR, ErrorSerializer, one_of
@@ -277,6 +285,11 @@ class ReplayJobListView(ListAPIView[ReplayJob]):
     filterset_class = ReplayJobFilter
     pagination_class = NewestFirst
 
+    def get_queryset(self) -> QuerySet[ReplayJob]:
+        jobs = super().get_queryset()
+        within = replays_within(request_access(self.request), self.request.user.pk)
+        return jobs if within is None else jobs.filter(within)
+
     @extend_schema(
         request=ReplaySpecSerializer,
         responses={201: ReplayJobSerializer, **REPLAY_SPEC_RESPONSES},
@@ -288,7 +301,8 @@ class ReplayJobListView(ListAPIView[ReplayJob]):
     def post(self, request: Request) -> Response:
         serializer = ReplaySpecSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job = replay_job_submit(spec=serializer.spec(), actor=request.user)
+        spec = held_replay(request_access(request), serializer.spec())
+        job = replay_job_submit(spec=spec, actor=request.user)
         return Response(ReplayJobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
@@ -304,13 +318,14 @@ class ReplayPreviewView(APIView):
     def post(self, request: Request) -> Response:
         serializer = ReplaySpecSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        return Response({"count": replay_preview(serializer.spec())})
+        spec = held_replay(request_access(request), serializer.spec())
+        return Response({"count": replay_preview(spec)})
 
 
 class ReplayJobDetailView(APIView):
     @extend_schema(responses={200: ReplayJobSerializer, 404: ERROR})
     def get(self, request: Request, job_id: int) -> Response:
-        return Response(ReplayJobSerializer(replay_job_get(job_id=job_id)).data)
+        return Response(ReplayJobSerializer(replay_job_held(request, job_id)).data)
 
 
 class ReplayJobActionView(APIView):
@@ -322,4 +337,6 @@ class ReplayJobActionView(APIView):
     @extend_schema(request=None, responses={200: ReplayJobSerializer, 404: ERROR, 409: ERROR})
     def post(self, request: Request, job_id: int) -> Response:
         act = replay_job_cancel if self.operation == "cancel" else replay_job_run_again
+        job = replay_job_held(request, job_id)
+        check_replay(request_access(request), ReplaySpec.of(job))
         return Response(ReplayJobSerializer(act(job_id=job_id, actor=request.user)).data)

@@ -22,11 +22,11 @@ from broker.services.rule_tables import (
     rule_table_create,
     rule_table_create_and_activate,
     rule_table_dry_run,
-    rule_table_get,
     rule_table_report,
     rule_table_rollback,
     rule_table_update,
 )
+from console.access import check_targets, request_access, rule_table_held
 from console.api.fields import (
     NOT_BLANK,
     BodyModelSerializer,
@@ -154,6 +154,11 @@ class RuleTableListView(ListAPIView[RuleTable]):
         query = RuleTableQuerySerializer(data=self.request.query_params)
         query.is_valid(raise_exception=True)
         queue = query.validated_data.get("queue")
+        access = request_access(self.request)
+        if queue:
+            access.check(Role.VIEWER, queue)
+        within = access.queues(Role.VIEWER, field="queue__name")
+        tables = tables if within is None else tables.filter(within)
         return tables.filter(queue__name=queue) if queue else tables
 
     @extend_schema(parameters=[RuleTableQuerySerializer])
@@ -172,6 +177,9 @@ class RuleTableListView(ListAPIView[RuleTable]):
         serializer = RuleTableSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        access = request_access(request)
+        access.check(Role.ADMIN, data["queue"].name)
+        check_targets(access, Role.OPERATOR, data["text"])
         create = rule_table_create_and_activate if data.pop("activate") else rule_table_create
         table = create(queue=data["queue"], text=data["text"], actor=request.user)
         return Response(RuleTableSerializer(table).data, status=status.HTTP_201_CREATED)
@@ -182,7 +190,7 @@ class RuleTableDetailView(APIView):
 
     @extend_schema(responses={200: RuleTableSerializer, 404: ERROR})
     def get(self, request: Request, table_id: int) -> Response:
-        return Response(RuleTableSerializer(rule_table_get(table_id=table_id)).data)
+        return Response(RuleTableSerializer(rule_table_held(request, Role.VIEWER, table_id)).data)
 
     @extend_schema(
         request=RuleTableTextSerializer, responses={200: RuleTableSerializer, 409: ERROR}
@@ -190,8 +198,9 @@ class RuleTableDetailView(APIView):
     def patch(self, request: Request, table_id: int) -> Response:
         serializer = RuleTableTextSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        table = rule_table_get(table_id=table_id)
+        table = rule_table_held(request, Role.ADMIN, table_id)
         if "text" in serializer.validated_data:  # an empty patch changes nothing
+            check_targets(request_access(request), Role.OPERATOR, serializer.validated_data["text"])
             table = rule_table_update(
                 table=table, text=serializer.validated_data["text"], actor=request.user
             )
@@ -203,7 +212,7 @@ class RuleTableValidateView(APIView):
 
     @extend_schema(request=None, responses={200: ValidationReportSerializer, 404: ERROR})
     def post(self, request: Request, table_id: int) -> Response:
-        table = rule_table_get(table_id=table_id)
+        table = rule_table_held(request, Role.VIEWER, table_id)
         return Response(rule_table_report(text=table.text, queue=table.queue))
 
 
@@ -217,7 +226,7 @@ class RuleTableDryRunView(APIView):
         "with sample ids; nothing changes. A table with errors: 409 `rules_invalid`.",
     )
     def post(self, request: Request, table_id: int) -> Response:
-        return Response(rule_table_dry_run(table=rule_table_get(table_id=table_id)))
+        return Response(rule_table_dry_run(table=rule_table_held(request, Role.VIEWER, table_id)))
 
 
 class RuleTableActivateView(APIView):
@@ -225,7 +234,9 @@ class RuleTableActivateView(APIView):
 
     @extend_schema(request=None, responses={200: RuleTableSerializer, 404: ERROR, 409: ERROR})
     def post(self, request: Request, table_id: int) -> Response:
-        table = rule_table_activate(table=rule_table_get(table_id=table_id), actor=request.user)
+        table = rule_table_held(request, Role.ADMIN, table_id)
+        check_targets(request_access(request), Role.OPERATOR, table.text)
+        table = rule_table_activate(table=table, actor=request.user)
         return Response(RuleTableSerializer(table).data)
 
 
@@ -236,5 +247,6 @@ class RuleTableRollbackView(APIView):
     def post(self, request: Request) -> Response:
         serializer = RollbackSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        request_access(request).check(Role.ADMIN, serializer.validated_data["queue"].name)
         table = rule_table_rollback(queue=serializer.validated_data["queue"], actor=request.user)
         return Response(RuleTableSerializer(table).data)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,15 @@ from broker.pipeline.schedules import (
     timing_of,
 )
 from broker.pipeline.selection import MessageSelection, ReplaySpec
+from console.access import (
+    check_replay,
+    held_replay,
+    held_schedule_parts,
+    replays_within,
+    request_access,
+    schedule_held,
+    schedule_replay,
+)
 from console.api.fields import NO_CONTENT, BodyModelSerializer, parsed
 from console.api.messages import NewestFirst
 from console.api.replay import (
@@ -316,7 +326,8 @@ class ReplayScheduleListView(APIView):
         description="The replay schedules (not deleted), by name.",
     )
     def get(self, request: Request) -> Response:
-        return Response(ReplayScheduleSerializer(schedules_all(), many=True).data)
+        within = replays_within(request_access(request), request.user.pk)
+        return Response(ReplayScheduleSerializer(schedules_all(within=within), many=True).data)
 
     @extend_schema(
         request=ReplayScheduleInSerializer,
@@ -326,6 +337,7 @@ class ReplayScheduleListView(APIView):
     )
     def post(self, request: Request) -> Response:
         spec = parsed(ReplayScheduleInSerializer, request.data).schedule_spec()
+        spec = replace(spec, replay=held_replay(request_access(request), spec.replay))
         schedule = schedule_create(spec=spec, actor=request.user)
         return Response(schedule_json(schedule.id), status=status.HTTP_201_CREATED)
 
@@ -336,6 +348,7 @@ class ReplayScheduleDetailView(APIView):
         description="One schedule; 404 once deleted (its jobs are still listed).",
     )
     def get(self, request: Request, schedule_id: int) -> Response:
+        schedule_held(request, schedule_id)
         return Response(schedule_json(schedule_id))
 
     @extend_schema(
@@ -346,7 +359,9 @@ class ReplayScheduleDetailView(APIView):
         "deleted schedule. " + SCHEDULE_ERRORS,
     )
     def put(self, request: Request, schedule_id: int) -> Response:
+        check_replay(request_access(request), schedule_replay(schedule_held(request, schedule_id)))
         spec = parsed(ReplayScheduleInSerializer, request.data).schedule_spec()
+        spec = replace(spec, replay=held_replay(request_access(request), spec.replay))
         schedule_update(schedule_id=schedule_id, spec=spec, actor=request.user)
         return Response(schedule_json(schedule_id))
 
@@ -358,11 +373,12 @@ class ReplayScheduleDetailView(APIView):
         "given alone the other way. The result is checked whole. " + SCHEDULE_ERRORS,
     )
     def patch(self, request: Request, schedule_id: int) -> Response:
+        schedule = schedule_held(request, schedule_id)
+        check_replay(request_access(request), schedule_replay(schedule))
         serializer = ReplayScheduleInSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        schedule_update_parts(
-            schedule_id=schedule_id, actor=request.user, **serializer.schedule_parts()
-        )
+        parts = held_schedule_parts(request_access(request), schedule, serializer.schedule_parts())
+        schedule_update_parts(schedule_id=schedule_id, actor=request.user, **parts)
         return Response(schedule_json(schedule_id))
 
     @extend_schema(
@@ -371,6 +387,7 @@ class ReplayScheduleDetailView(APIView):
         "is free again. 409 `schedule_deleted` when it was deleted already.",
     )
     def delete(self, request: Request, schedule_id: int) -> Response:
+        check_replay(request_access(request), schedule_replay(schedule_held(request, schedule_id)))
         schedule_delete(schedule_id=schedule_id, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -384,6 +401,7 @@ class ReplayScheduleSwitchView(APIView):
 
     @extend_schema(request=None, responses={200: ReplayScheduleSerializer, 404: ERROR, 409: ERROR})
     def post(self, request: Request, schedule_id: int) -> Response:
+        check_replay(request_access(request), schedule_replay(schedule_held(request, schedule_id)))
         switch = schedule_pause if self.operation == "pause" else schedule_resume
         switch(schedule_id=schedule_id, actor=request.user)
         return Response(schedule_json(schedule_id))
@@ -398,6 +416,7 @@ class ReplayScheduleRunView(APIView):
         "while its previous job is queued or running.",
     )
     def post(self, request: Request, schedule_id: int) -> Response:
+        check_replay(request_access(request), schedule_replay(schedule_held(request, schedule_id)))
         firing = schedule_run_now(schedule_id=schedule_id, actor=request.user)
         fired = ScheduleFiring.objects.select_related("job__created_by").get(id=firing.id)
         return Response(ScheduleFiringSerializer(fired).data, status=status.HTTP_201_CREATED)
@@ -414,7 +433,7 @@ class ReplayScheduleJobsView(ListAPIView[ReplayJob]):
     pagination_class = NewestFirst
 
     def get_queryset(self) -> QuerySet[ReplayJob]:
-        schedule = schedule_get(schedule_id=self.kwargs["schedule_id"])
+        schedule = schedule_held(self.request, self.kwargs["schedule_id"])
         return ReplayJob.objects.select_related("created_by").filter(schedule=schedule)
 
     @extend_schema(responses={200: ReplayJobSerializer(many=True), 404: ERROR})

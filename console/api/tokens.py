@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from django.contrib.auth.models import User
 from django.core.validators import RegexValidator
@@ -14,8 +14,8 @@ from rest_framework.views import APIView
 
 from console.api.fields import BodyModelSerializer
 from console.api.schema import ERROR
-from console.models import TOKEN_NAME_MAX_LENGTH, ApiToken
-from console.roles import Role
+from console.models import QUEUE_PATTERN_MAX_LENGTH, TOKEN_NAME_MAX_LENGTH, ApiToken
+from console.roles import GROUP_ROLES, Role
 from console.tokens import (
     PRINTABLE_ONLY,
     READABLE_NAME_PATTERN,
@@ -34,10 +34,41 @@ class TokenSerializer(BodyModelSerializer[ApiToken]):
         validators=[RegexValidator(READABLE_NAME_PATTERN, PRINTABLE_ONLY)],
     )
 
+    only_pattern = serializers.CharField(
+        max_length=QUEUE_PATTERN_MAX_LENGTH,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Only the queues this pattern matches (a name, or a glob such as ORDERS.*); "
+        "blank: every queue its user holds a role on.",
+    )
+    at_most = serializers.ChoiceField(
+        choices=list(GROUP_ROLES),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="At most this role, below its user's; null: its user's. A token never holds "
+        "more than its user holds at the time of each request.",
+    )
+
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "user", "prefix", "created_at", "last_used_at"]
+        fields = [
+            "id",
+            "name",
+            "user",
+            "prefix",
+            "only_pattern",
+            "at_most",
+            "created_at",
+            "last_used_at",
+        ]
         read_only_fields = ["id", "user", "prefix", "created_at", "last_used_at"]
+
+    def to_representation(self, instance: ApiToken) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["at_most"] = None if instance.at_most is None else Role(instance.at_most).label
+        return data
 
 
 class NewTokenSerializer(TokenSerializer):
@@ -68,7 +99,13 @@ class TokenListView(APIView):
     def post(self, request: Request) -> Response:
         serializer = TokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        token, key = token_create(user=signed_in(request), name=serializer.validated_data["name"])
+        data = serializer.validated_data
+        token, key = token_create(
+            user=signed_in(request),
+            name=data["name"],
+            only_pattern=data["only_pattern"],
+            at_most=data["at_most"] or "",
+        )
         token.key = key  # type: ignore[attr-defined]
         return Response(NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
 

@@ -25,7 +25,6 @@ from broker.services.publish import topic_publish
 from broker.services.topics import (
     subscription_create,
     subscription_delete,
-    subscription_get,
     subscription_update,
     topic_create,
     topic_delete,
@@ -38,6 +37,7 @@ from broker.topic_grammar import (
     TOPIC_STRING_OR_BLANK_PATTERN,
     TOPIC_STRING_PATTERN,
 )
+from console.access import check_topic_publish, request_access, subscription_held
 from console.api.fields import BodyModelSerializer, BodySerializer, NameRelatedField, fields_through
 from console.api.queues import LimitSerializer, PublishSerializer, as_batch
 from console.api.schema import ERROR
@@ -124,6 +124,7 @@ class TopicPublishResultSerializer(BodySerializer[dict[str, Any]]):
 
 class TopicListView(APIView):
     write_role = Role.ADMIN
+    installation_wide_writes = True
 
     @extend_schema(responses=TopicSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -139,6 +140,7 @@ class TopicListView(APIView):
 
 class TopicDetailView(APIView):
     write_role = Role.ADMIN
+    installation_wide_writes = True
 
     @extend_schema(responses={200: TopicSerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
@@ -168,6 +170,7 @@ class TopicPublishView(APIView):
         ),
     )
     def post(self, request: Request, name: str) -> Response:
+        check_topic_publish(request_access(request), name)
         serializer = TopicPublishSerializer(data=as_batch(request.data))
         serializer.is_valid(raise_exception=True)
         deliveries = topic_publish(
@@ -195,7 +198,8 @@ class SubscriptionListView(APIView):
 
     @extend_schema(responses=SubscriptionSummarySerializer(many=True))
     def get(self, request: Request) -> Response:
-        summaries = subscription_summaries()
+        within = request_access(request).queues(Role.VIEWER, field="queue__name")
+        summaries = subscription_summaries(within=within)
         # many=True builds a ListSerializer, which takes the list.
         return Response(SubscriptionSummarySerializer(summaries, many=True).data)  # type: ignore[arg-type]
 
@@ -206,6 +210,7 @@ class SubscriptionListView(APIView):
         serializer = SubscriptionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        request_access(request).check_create(data["queue"]["name"])
         subscription = subscription_create(
             actor=request.user, queue_name=data.pop("queue")["name"], **data
         )
@@ -217,13 +222,13 @@ class SubscriptionDetailView(APIView):
 
     @extend_schema(responses={200: SubscriptionSummarySerializer, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
-        return Response(subscription_json(subscription_get(name=name)))
+        return Response(subscription_json(subscription_held(request, Role.VIEWER, name)))
 
     @extend_schema(
         request=SubscriptionSerializer, responses={200: SubscriptionSummarySerializer, 400: ERROR}
     )
     def patch(self, request: Request, name: str) -> Response:
-        subscription = subscription_get(name=name)
+        subscription = subscription_held(request, Role.ADMIN, name)
         serializer = SubscriptionSerializer(subscription, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         changes = dict(serializer.validated_data)
@@ -248,5 +253,6 @@ class SubscriptionDetailView(APIView):
 
     @extend_schema(responses={204: None, 404: ERROR})
     def delete(self, request: Request, name: str) -> Response:
-        subscription_delete(subscription=subscription_get(name=name), actor=request.user)
+        subscription = subscription_held(request, Role.ADMIN, name)
+        subscription_delete(subscription=subscription, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from broker.selectors import MessageFilter
 from broker.services.transfer import FORMATS, messages_export, messages_import
+from console.access import messages_within, request_access
 from console.api.fields import QuerySerializer, parsed
 from console.api.schema import ERROR
 from console.api.triage import MessageQuerySerializer
@@ -164,11 +165,15 @@ class MessageExportView(APIView):
     def get(self, request: Request) -> StreamingHttpResponse:
         query = dict(parsed(ExportQuerySerializer, request.query_params).validated_data)
         export_format = query.pop("format")
+        access = request_access(request)
+        if query.get("queue"):
+            access.check(Role.OPERATOR, query["queue"])
         chunks = messages_export(
             filters=MessageFilter(**query),
             export_format=export_format,
             actor=request.user,
             via="api",
+            within=messages_within(access.queues(Role.OPERATOR)),
         )
         return export_download(chunks, export_format)
 
@@ -198,6 +203,7 @@ class QueueImportView(APIView):
         "(413 `request_too_large`). Audited as `messages_import`.",
     )
     def post(self, request: Request, name: str) -> Response:
+        request_access(request).check(Role.OPERATOR, name)
         partial = parsed(ImportQuerySerializer, request.query_params).validated_data["partial"]
         lines: list[bytes] = request.data.get("lines", [])
         result = messages_import(

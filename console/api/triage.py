@@ -27,9 +27,7 @@ from broker.selectors import (
     SEARCH_SPAN,
     MessageFilter,
     SearchedIds,
-    bulk_job_get,
     filtered_messages,
-    message_get,
     search_span,
 )
 from broker.services.bulk import MAX_SELECTED, bulk_job_submit
@@ -45,6 +43,13 @@ from broker.services.transitions.dead_lettered import (
     message_retry,
 )
 from broker.services.transitions.resubmit import message_resubmit
+from console.access import (
+    check_bulk,
+    job_held,
+    message_held,
+    messages_within,
+    request_access,
+)
 from console.api.fields import (
     NO_CONTENT,
     BodyModelSerializer,
@@ -55,6 +60,7 @@ from console.api.fields import (
 from console.api.messages import MessageListSerializer, MessageSerializer, NewestFirst, listed
 from console.api.queues import MessageInSerializer, payload_shapes
 from console.api.schema import ERROR, one_of
+from console.roles import Role
 
 REASON_CHOICES = sorted(LAZARETTO_REASONS)
 
@@ -247,7 +253,12 @@ class MessageListView(ListAPIView[Message]):
     def get_queryset(self) -> QuerySet[Message]:
         query = parsed(MessageQuerySerializer, self.request.query_params)
         self.message_filter = query.message_filter()
-        return listed(filtered_messages(self.message_filter))
+        access = request_access(self.request)
+        if self.message_filter.queue:
+            access.check(Role.VIEWER, self.message_filter.queue)
+        messages = filtered_messages(self.message_filter)
+        within = messages_within(access.queues(Role.VIEWER))
+        return listed(messages if within is None else messages.filter(within))
 
     @extend_schema(
         parameters=[MessageQuerySerializer],
@@ -280,6 +291,7 @@ class MessageActionView(APIView):
         responses={200: MessageSerializer, 204: NO_CONTENT, 404: ERROR, 409: ERROR},
     )
     def post(self, request: Request, message_id: int) -> Response:
+        message_held(request, Role.OPERATOR, message_id)
         reason = parsed(ReasonSerializer, request.data).validated_data["reason"]
         if self.operation in DELETE_ONE:
             DELETE_ONE[self.operation](message_id=message_id, actor=request.user, reason=reason)
@@ -295,7 +307,9 @@ class MessageForwardView(APIView):
         request=ForwardSerializer, responses={200: MessageSerializer, 404: ERROR, 409: ERROR}
     )
     def post(self, request: Request, message_id: int) -> Response:
+        message_held(request, Role.OPERATOR, message_id)
         data = parsed(ForwardSerializer, request.data).validated_data
+        request_access(request).check(Role.OPERATOR, data["queue"])
         message = message_forward(
             message_id=message_id,
             queue_name=data["queue"],
@@ -315,11 +329,12 @@ class MessageResubmitView(APIView):
         responses={201: ResubmitResultSerializer, 400: ERROR, 404: ERROR, 409: ERROR},
     )
     def post(self, request: Request, message_id: int) -> Response:
+        original = message_held(request, Role.OPERATOR, message_id)
         data = parsed(ResubmitSerializer, request.data).validated_data
-        original = message_get(message_id=message_id)
         queue = data.get("queue") or (
             (original.dead_letter or {}).get("original_queue") or original.queue.name
         )
+        request_access(request).check(Role.OPERATOR, queue)
         copy_id = message_resubmit(
             message_id=message_id,
             queue_name=queue,
@@ -343,6 +358,7 @@ class BulkJobCreateView(APIView):
     def post(self, request: Request) -> Response:
         data = parsed(BulkRequestSerializer, request.data).validated_data
         query = data.get("filter")
+        check_bulk(request_access(request), data.get("ids"), query)
         job = bulk_job_submit(
             action=data["action"],
             actor=request.user,
@@ -359,4 +375,4 @@ class BulkJobCreateView(APIView):
 class JobDetailView(APIView):
     @extend_schema(responses={200: BulkJobSerializer, 404: ERROR})
     def get(self, request: Request, job_id: int) -> Response:
-        return Response(BulkJobSerializer(bulk_job_get(job_id=job_id)).data)
+        return Response(BulkJobSerializer(job_held(request, job_id)).data)

@@ -14,10 +14,12 @@ from django.views.decorators.http import require_GET
 
 from broker.models import ReplaySource
 from broker.pipeline.selectors import ArchivedMessage
+from console.access import request_access
 from console.forms import DATETIME_LOCAL, ArchiveSearchForm
 from console.payloads import PayloadView, payload_view
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, page, role_required
+from console.views.common import found as held
 
 PAGE_SIZE = 50
 
@@ -50,7 +52,7 @@ def archive(request: HtmxHttpRequest) -> HttpResponse:
     # Imported here, not with the URLconf: see broker.pipeline.archive_reads.
     from broker.pipeline.archive_reads import archive_days, archive_search
 
-    form = ArchiveSearchForm(request.GET)
+    form = ArchiveSearchForm(request.GET, within=request_access(request).queues(Role.VIEWER))
     rows: list[ArchivedRow] = []
     next_before: int | None = None
     replay_url = ""
@@ -58,6 +60,7 @@ def archive(request: HtmxHttpRequest) -> HttpResponse:
     searched = form.is_valid() and bool(form.cleaned_data["queue"])
     if searched:
         data = form.cleaned_data
+        held(request_access(request).check, role=Role.VIEWER, queue_name=data["queue"])
         found = archive_search(
             queue=data["queue"],
             since=data["since"],

@@ -7,6 +7,7 @@ from django.views.decorators.http import require_GET
 
 from broker.models import AuditEvent
 from broker.selectors import AuditFilter, audit_page
+from console.access import audit_within, request_access
 from console.forms import AuditFilterForm
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, page, role_required
@@ -28,6 +29,7 @@ def audit_log(request: HtmxHttpRequest) -> HttpResponse:
                 message_id=data["message"],
             ),
             before=data["before"],
+            within=audit_within(request_access(request)),
         )
     query = request.GET.copy()
     query.pop("before", None)

@@ -13,8 +13,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from broker.models import MessageState
-from broker.selectors import MessageFilter, bulk_job_get
+from broker.selectors import MessageFilter
 from broker.services.bulk import bulk_job_submit, bulk_preview
+from console.access import check_bulk, job_held, request_access
 from console.forms import BulkForm, MessageFilterForm
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors
@@ -42,9 +43,14 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
         messages.error(request, "Choose an action and what to apply it to.")
         return redirect("blacklist")
     data = form.cleaned_data
+    access = request_access(request)
     if data["scope"] == "filter":
         values = {k: v for k, v in filters.cleaned_data.items() if k not in {"before", "state"}}
         chosen = MessageFilter(**values)
+        with service_errors(request) as allowed:
+            found(check_bulk, access=access, ids=None, filters=values)
+        if not allowed.ok:
+            return redirect("blacklist")
         if not data["confirmed"]:
             given = {name: value for name, value in values.items() if value}
             context = {
@@ -58,6 +64,7 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
             return render(request, "console/bulk_confirm.html", context)
         selection: dict[str, Any] = {"filters": chosen}
     else:
+        found(check_bulk, access=access, ids=data["ids"], filters=None)
         selection = {"message_ids": data["ids"]}
     with service_errors(request):
         job = bulk_job_submit(
@@ -70,5 +77,5 @@ def blacklist_bulk(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @role_required(Role.VIEWER)
 def bulk_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
-    job = found(bulk_job_get, job_id=job_id)
+    job = found(job_held, request=request, job_id=job_id)
     return page(request, "console/bulk_job.html", "job-progress", {"job": job})

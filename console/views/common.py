@@ -23,8 +23,9 @@ from django_htmx.middleware import HtmxDetails
 
 from broker.errors import BrokerError, NotFound
 from broker.ha.guard import refusal
+from console.access import request_access
 from console.api.errors import DATABASE_ERRORS, error_body, not_found_json
-from console.roles import Role, user_role
+from console.roles import Role
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -40,20 +41,32 @@ F = TypeVar("F", bound=forms.Form)
 
 
 def require_role(request: HttpRequest, role: Role) -> None:
-    """Refuse (403) a user whose role is below ``role``. The one role check:
-    the ``role_required`` decorator calls it, and so does a view whose POST
-    needs more than its GET."""
-    if user_role(request.user) < role:
+    """Refuse (403) a user who holds ``role`` on no queue. The one role
+    check of a page: the ``role_required`` decorator calls it, and so does a
+    view whose POST needs more than its GET; the queues the page acts on
+    then decide (console.access)."""
+    if not request_access(request).anywhere(role):
         raise PermissionDenied(f"This needs the {role.label} role.")
 
 
-def role_required(role: Role) -> Callable[[View], View]:
-    """Login, then ``require_role(role)``."""
+def require_everywhere(request: HttpRequest, role: Role) -> None:
+    """Refuse (403) a user who does not hold ``role`` on every queue: for
+    what belongs to the whole installation (users, the HA pair, topics)."""
+    if request_access(request).everywhere < role:
+        raise PermissionDenied(f"This needs the {role.label} role on the whole installation.")
+
+
+def role_required(role: Role, *, installation_wide: bool = False) -> Callable[[View], View]:
+    """Login, then ``require_role(role)`` (``require_everywhere`` for a page
+    of the whole installation)."""
+    check = require_everywhere if installation_wide else require_role
 
     def decorate(view: View) -> View:
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            require_role(request, role)
+            # A path that names a queue, a message, a job…: the view's check
+            # on it decides, so one the caller may not see is not there (404).
+            check(request, Role.VIEWER if kwargs and not installation_wide else role)
             return view(request, *args, **kwargs)
 
         return login_required(wrapped)

@@ -43,6 +43,7 @@ from broker.services.transitions.dead_lettered import (
     message_forward,
     message_retry,
 )
+from console.access import check_targets, message_held, request_access
 from console.forms import RulesForm
 from console.roles import Role
 from console.views.common import (
@@ -50,7 +51,6 @@ from console.views.common import (
     flashed,
     found,
     page,
-    require_role,
     role_required,
     service_errors,
 )
@@ -61,14 +61,16 @@ from console.views.common import (
 def dead_letter_queues(request: HttpRequest) -> HttpResponse:
     """Where triage starts: each dead-letter queue's depth, oldest waiting
     message, counts by reason and origin, rules table and last scan."""
-    context = {"triage": dead_letter_triage(), "no_header": NO_HEADER}
+    within = request_access(request).queues(Role.VIEWER)
+    context = {"triage": dead_letter_triage(within=within), "no_header": NO_HEADER}
     return render(request, "console/dead_letter_queues.html", context)
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.VIEWER, name)
+    access = request_access(request)
     before = request.GET.get("before", "")
     waiting = messages_page(
         filters=MessageFilter(queue=queue.name, state="TBDL"),
@@ -83,7 +85,10 @@ def dead_letter_queue(request: HtmxHttpRequest, name: str) -> HttpResponse:
         "rows": [(message, given_up_by(schedules, message)) for message in waiting.messages],
         "schedules": schedules,
         "active": active_rule_table(queue=queue),
-        "targets": queue_names(exclude=queue),
+        "targets": queue_names(exclude=queue, within=access.queues(Role.OPERATOR)),
+        # This queue's, over the page-wide ones.
+        "can_operate": access.may(Role.OPERATOR, queue.name),
+        "can_admin": access.may(Role.ADMIN, queue.name),
     }
     return render(request, "console/dead_letter_queue.html", context)
 
@@ -96,16 +101,23 @@ def dead_letter_act(
     """Retry, forward or discard one message. Its outcome is a flash
     message: shown in the message's row when htmx asked, else on the queue's
     page."""
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.OPERATOR, name)
     if verb not in {"retry", "forward", "discard"}:
         raise Http404(f"No action {verb!r}.")
     reason = request.POST.get("reason", "")[:500]
+    message = found(message_held, request=request, role=Role.OPERATOR, message_id=message_id)
+    if message.queue_id != queue.id:
+        raise Http404(f"There is no message {message_id} on {queue.name}.")
     with service_errors(request):
         if verb == "retry":
+            original = (message.dead_letter or {}).get("original_queue", "")
+            if original:
+                request_access(request).check(Role.OPERATOR, original)
             message_retry(message_id=message_id, actor=request.user, reason=reason)
             done = f"Message {message_id} is back on its original queue."
         elif verb == "forward":
             target = request.POST.get("queue", "")
+            request_access(request).check(Role.OPERATOR, target)
             message_forward(
                 message_id=message_id, queue_name=target, actor=request.user, reason=reason
             )
@@ -124,7 +136,7 @@ def dead_letter_act(
 @role_required(Role.OPERATOR)
 def dead_letter_apply_rules(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Run one scan of the queue under its active rules table now."""
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.OPERATOR, name)
     if active_rule_table(queue=queue) is None:
         messages.error(request, f"{name} has no active rules table.")
         return redirect("dead-letter-queue", name=name)
@@ -136,6 +148,14 @@ def dead_letter_apply_rules(request: HtmxHttpRequest, name: str) -> HttpResponse
             f"discarded {result.discarded}, ignored {result.ignored}, failed {result.failed}.",
         )
     return redirect("dead-letter-queue", name=name)
+
+
+def _held(request: HttpRequest, role: Role, name: str) -> Queue:
+    """The dead-letter queue, when the caller holds ``role`` on it; else the
+    404 page (a queue they may not see, or not a dead-letter queue) or the
+    403 page."""
+    found(request_access(request).check, role=role, queue_name=name)
+    return found(dead_letter_queue_get, name=name)
 
 
 def _numbered(text: str, report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,7 +189,7 @@ def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Edit a new draft: check it (errors and notes at their lines), dry-run
     it against the queue (anyone); save it, or save and activate it (admins);
     see the history and roll back."""
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.VIEWER, name)
     versions = rule_table_versions(queue=queue)
     active = active_rule_table(queue=queue)
     # The editor starts from the active version, else the newest draft.
@@ -182,8 +202,10 @@ def rules_editor(request: HtmxHttpRequest, name: str) -> HttpResponse:
         context.update(report=report, lines=_numbered(text, report))
         intent = request.POST.get("intent", "check")
         if intent in {"save", "activate"}:
-            require_role(request, Role.ADMIN)
+            access = request_access(request)
+            access.check(Role.ADMIN, queue.name)
             with service_errors(request, form=form, field="text"):
+                check_targets(access, Role.OPERATOR, text)
                 return _save(request, queue, text, activate=intent == "activate")
         elif intent == "dry-run" and report["valid"]:
             with service_errors(request, form=form, field="text"):
@@ -209,8 +231,9 @@ def _save(request: HtmxHttpRequest, queue: Queue, text: str, *, activate: bool) 
 @require_POST
 @role_required(Role.ADMIN)
 def rules_activate(request: HttpRequest, name: str, version: int) -> HttpResponse:
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.ADMIN, name)
     table = found(rule_table_version, queue=queue, version=version)
+    check_targets(request_access(request), Role.OPERATOR, table.text)
     with service_errors(request):
         rule_table_activate(table=table, actor=request.user)
         messages.success(request, f"Version {version} is active.")
@@ -220,7 +243,7 @@ def rules_activate(request: HttpRequest, name: str, version: int) -> HttpRespons
 @require_POST
 @role_required(Role.ADMIN)
 def rules_rollback(request: HttpRequest, name: str) -> HttpResponse:
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.ADMIN, name)
     with service_errors(request):
         table = rule_table_rollback(queue=queue, actor=request.user)
         messages.success(request, f"Rolled back: version {table.version} is active again.")
@@ -231,7 +254,7 @@ def rules_rollback(request: HttpRequest, name: str) -> HttpResponse:
 @role_required(Role.VIEWER)
 def rules_version(request: HttpRequest, name: str, version: int) -> HttpResponse:
     """One version's text, with its differences from the version before."""
-    queue = found(dead_letter_queue_get, name=name)
+    queue = _held(request, Role.VIEWER, name)
     table = found(rule_table_version, queue=queue, version=version)
     previous = rule_table_version_before(table=table)
     diff = difflib.unified_diff(

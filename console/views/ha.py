@@ -30,13 +30,13 @@ def _done(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_GET
-@role_required(Role.VIEWER)
+@role_required(Role.VIEWER, installation_wide=True)
 def ha(request: HtmxHttpRequest) -> HttpResponse:
     return _ha_page(request)
 
 
 @require_POST
-@role_required(Role.ADMIN)
+@role_required(Role.ADMIN, installation_wide=True)
 def ha_switchover_view(request: HtmxHttpRequest) -> HttpResponse:
     with service_errors(request):
         ha_switchover(actor=cast(User, request.user), addresses=node_addresses())
@@ -47,7 +47,7 @@ def ha_switchover_view(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_POST
-@role_required(Role.ADMIN)
+@role_required(Role.ADMIN, installation_wide=True)
 def ha_resolve_view(request: HtmxHttpRequest) -> HttpResponse:
     form = ResolveForm(request.POST)
     if form.is_valid():
@@ -65,7 +65,7 @@ def ha_resolve_view(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_POST
-@role_required(Role.ADMIN)
+@role_required(Role.ADMIN, installation_wide=True)
 def ha_republish_view(request: HtmxHttpRequest, export_id: int) -> HttpResponse:
     export = found(diverged_get, export_id=export_id)
     with service_errors(request):

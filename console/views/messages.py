@@ -24,6 +24,7 @@ from broker.selectors import (
 from broker.services.dumps import dump_path_for
 from broker.services.transitions.blacklist import message_fail, message_purge, message_release
 from broker.services.transitions.resubmit import message_resubmit
+from console.access import message_held, messages_within, request_access
 from console.forms import MessageFilterForm, ResubmitForm
 from console.payloads import payload_view
 from console.roles import Role
@@ -45,8 +46,13 @@ def message_table(request: HtmxHttpRequest, template: str, fixed: dict[str, str]
     found_page = None
     if form.is_valid():
         data = {key: value for key, value in form.cleaned_data.items() if key != "before"}
+        access = request_access(request)
+        if data.get("queue"):
+            found(access.check, role=Role.VIEWER, queue_name=data["queue"])
         found_page = messages_page(
-            filters=MessageFilter(**data), before=form.cleaned_data["before"]
+            filters=MessageFilter(**data),
+            before=form.cleaned_data["before"],
+            within=messages_within(access.queues(Role.VIEWER)),
         )
     query = request.GET.copy()
     query.pop("before", None)
@@ -74,12 +80,16 @@ def message_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @role_required(Role.VIEWER)
 def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
-    message = found(message_get, message_id=message_id)
+    message = _held(request, Role.VIEWER, message_id)
+    access = request_access(request)
     return render(
         request,
         "console/message.html",
         {
             "message": message,
+            # This message's queue's, over the page-wide ones.
+            "can_operate": access.may(Role.OPERATOR, message.queue.name),
+            "can_admin": access.may(Role.ADMIN, message.queue.name),
             "payload": None
             if message.payload is None
             else payload_view(bytes(message.payload), message.content_type),
@@ -94,7 +104,7 @@ def message_detail(request: HttpRequest, message_id: int) -> HttpResponse:
 @role_required(Role.VIEWER)
 def message_payload(request: HttpRequest, message_id: int) -> HttpResponse:
     """The whole payload as a download; never rendered by the browser."""
-    message = found(message_get, message_id=message_id)
+    message = _held(request, Role.VIEWER, message_id)
     if message.payload is None:
         raise Http404(f"The payload of message {message.id} was not retained.")
     response = HttpResponse(bytes(message.payload), content_type="application/octet-stream")
@@ -107,11 +117,17 @@ def message_payload(request: HttpRequest, message_id: int) -> HttpResponse:
 def message_dump(request: HttpRequest, message_id: int) -> FileResponse:
     """The dump written when the message was blacklisted. The path comes
     from the ids, never from stored or submitted text."""
-    message = found(message_get, message_id=message_id)
+    message = _held(request, Role.VIEWER, message_id)
     path = dump_path_for(queue_id=message.queue_id, message_id=message.id)
     if not message.dump_path or not path.is_file():
         raise Http404("No dump file for this message.")
     return FileResponse(path.open("rb"), as_attachment=True, filename=path.name)
+
+
+def _held(request: HttpRequest, role: Role, message_id: int) -> Message:
+    """The message, when the caller holds ``role`` on its queue; else the
+    404 page (a queue they may not see) or the 403 page."""
+    return found(message_held, request=request, role=role, message_id=message_id)
 
 
 def _row_message(message_id: int) -> Message | None:
@@ -128,6 +144,7 @@ def _act(
     """Run an operator action on one message. Its outcome (``done``, or the
     broker's refusal) is a flash message: shown in the message's row when
     htmx asked, else on the page the form came from."""
+    _held(request, Role.OPERATOR, message_id)
     reason = request.POST.get("reason", "")[:500]
     with service_errors(request):
         action(message_id=message_id, actor=request.user, reason=reason)
@@ -167,7 +184,7 @@ def message_purge_view(request: HtmxHttpRequest, message_id: int) -> HttpRespons
 def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
     """Correct a blacklisted or dead-lettered message and publish the result
     as a new message; the original stays."""
-    original = found(message_get, message_id=message_id)
+    original = _held(request, Role.OPERATOR, message_id)
     try:
         text = None if original.payload is None else bytes(original.payload).decode()
     except UnicodeDecodeError:
@@ -186,6 +203,7 @@ def message_resubmit_view(request: HtmxHttpRequest, message_id: int) -> HttpResp
     if request.method == "POST" and text is not None and form.is_valid():
         data = form.cleaned_data
         with service_errors(request, form=form):
+            request_access(request).check(Role.OPERATOR, data["queue"])
             copy_id = message_resubmit(
                 message_id=original.id,
                 queue_name=data["queue"],

@@ -4,9 +4,10 @@ purge, publish a test message, its settings and its limits."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -14,7 +15,8 @@ from broker.activity import Window, queue_activity
 from broker.models import MessageState, Queue
 from broker.selectors import queue_alerts, queue_summary
 from broker.services.publish import messages_publish
-from broker.services.queues import queue_get, queue_pause, queue_purge, queue_update
+from broker.services.queues import queue_pause, queue_purge, queue_update
+from console.access import queue_held, request_access
 from console.charts import activity_charts
 from console.forms import PublishForm, PurgeForm, QueueLimitsForm, QueueSettingsForm
 from console.roles import Role
@@ -32,7 +34,23 @@ from console.views.common import (
 @require_GET
 @role_required(Role.VIEWER)
 def queue_detail(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    return _queue_page(request, found(queue_get, name=name))
+    return _queue_page(request, _held(request, Role.VIEWER, name))
+
+
+def _held(request: HttpRequest, role: Role, name: str) -> Queue:
+    """The queue, when the caller holds ``role`` on it; else the 404 page
+    (a queue they may not see) or the 403 page."""
+    return found(queue_held, request=request, role=role, name=name)
+
+
+def _settings_form(request: HttpRequest, queue: Queue, data: Any = None) -> QueueSettingsForm:
+    """The settings form, offering the dead-letter queues the caller sees."""
+    form = QueueSettingsForm(data, instance=queue)
+    within = request_access(request).queues(Role.VIEWER)
+    if within is not None:
+        field = form.fields["dead_letter_queue"]
+        field.queryset = field.queryset.filter(within)  # type: ignore[attr-defined]
+    return form
 
 
 def _queue_page(
@@ -42,13 +60,17 @@ def _queue_page(
     purge_form: PurgeForm | None = None,
     publish_form: PublishForm | None = None,
 ) -> HttpResponse:
+    access = request_access(request)
     context = {
         **_activity_context(request, queue),
         "summary": queue_summary(queue=queue),
         "alerts": queue_alerts(queue=queue),
         "queue": queue,
         "states": MessageState.values,
-        "settings_form": settings_form or QueueSettingsForm(instance=queue),
+        # This queue's, over the page-wide ones of console.roles.role_context.
+        "can_operate": access.may(Role.OPERATOR, queue.name),
+        "can_admin": access.may(Role.ADMIN, queue.name),
+        "settings_form": settings_form or _settings_form(request, queue),
         "purge_form": purge_form or PurgeForm(),
         "publish_form": publish_form or PublishForm(),
     }
@@ -59,7 +81,7 @@ def _queue_page(
 @role_required(Role.VIEWER)
 def queue_activity_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """The queue page's charts alone, over the window asked for."""
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.VIEWER, name)
     context = {"queue": queue, **_activity_context(request, queue)}
     return render(request, "console/queue.html#queue-activity", context)
 
@@ -78,9 +100,9 @@ def _activity_context(request: HtmxHttpRequest, queue: Queue) -> dict[str, objec
 @require_POST
 @role_required(Role.ADMIN)
 def queue_settings(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.ADMIN, name)
     # The form works on its own copy so the service still sees what changed.
-    form = QueueSettingsForm(request.POST, instance=found(queue_get, name=name))
+    form = _settings_form(request, _held(request, Role.ADMIN, name), request.POST)
     save = partial(queue_update, queue=queue, actor=request.user)
     if form_saved(request, form, save, f"Settings of {name} saved.") and not request.htmx:
         return redirect("queue", name=name)
@@ -90,7 +112,7 @@ def queue_settings(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @require_POST
 @role_required(Role.OPERATOR)
 def queue_pause_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.OPERATOR, name)
     paused = request.POST.get("paused") == "1"
     with service_errors(request):
         queue_pause(queue=queue, paused=paused, actor=request.user)
@@ -101,7 +123,7 @@ def queue_pause_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @require_POST
 @role_required(Role.OPERATOR)
 def queue_purge_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.OPERATOR, name)
     form = PurgeForm(request.POST)
     if form.is_valid():
         with service_errors(request, form=form):
@@ -119,7 +141,7 @@ def queue_publish_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Publish one test message as the signed-in user, application
     "console"; a message the publish service refuses (too large, the queue
     full) writes nothing and shows why beside the form's fields."""
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.OPERATOR, name)
     form = PublishForm(request.POST)
     if form.is_valid():
         with service_errors(request, form=form, field="payload"):
@@ -138,7 +160,7 @@ def queue_publish_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @role_required(Role.VIEWER)
 def queue_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Everyone sees a queue's limits; admins change them."""
-    queue = found(queue_get, name=name)
+    queue = _held(request, Role.ADMIN if request.method == "POST" else Role.VIEWER, name)
     form = prefilled_form(QueueLimitsForm, request, queue)
     save = partial(queue_update, queue=queue, actor=request.user)
     if form_saved(request, form, save, f"Limits of {name} saved.") and not request.htmx:

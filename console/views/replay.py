@@ -6,14 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.models import ReplayJob, ReplaySource
 from broker.pipeline.replay import replay_job_cancel, replay_job_run_again, replay_job_submit
-from broker.pipeline.selectors import replay_job_get, replay_jobs_recent, replay_preview
+from broker.pipeline.selection import ReplaySpec
+from broker.pipeline.selectors import replay_jobs_recent, replay_preview
+from console.access import (
+    check_replay,
+    held_replay,
+    replay_job_held,
+    replays_within,
+    request_access,
+)
 from console.forms import ReplayForm
 from console.roles import Role
 from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors
@@ -27,7 +35,9 @@ SAMPLE_COLUMNS = ("message", "target", "rule")
 @require_GET
 @role_required(Role.VIEWER)
 def replay_jobs(request: HtmxHttpRequest) -> HttpResponse:
-    jobs = replay_jobs_recent(limit=50)
+    jobs = replay_jobs_recent(
+        limit=50, within=replays_within(request_access(request), request.user.pk)
+    )
     context = {"jobs": jobs, "live": any(not job.finished for job in jobs)}
     return page(request, "console/replay_jobs.html", "replay-table", context)
 
@@ -39,12 +49,13 @@ def replay_new(request: HtmxHttpRequest) -> HttpResponse:
     the job, one the replay service refuses writes nothing and shows its
     errors beside the fields."""
     if request.method != "POST":
-        form = ReplayForm.prefilled(request.GET)
+        form = ReplayForm.prefilled(request.GET, within=request_access(request).queues(Role.VIEWER))
         return page(request, "console/replay_new.html", "replay-form", {"form": form})
-    form = ReplayForm(request.POST)
+    form = ReplayForm(request.POST, within=request_access(request).queues(Role.VIEWER))
     if form.is_valid():
         with service_errors(request, form=form):
-            job = replay_job_submit(spec=form.spec(), actor=request.user)
+            spec = held_replay(request_access(request), form.spec())
+            job = replay_job_submit(spec=spec, actor=request.user)
             kind = "Dry run" if job.dry_run else "Replay job"
             messages.success(request, f"{kind} {job.id} queued.")
             return redirect("replay-job", job_id=job.id)
@@ -55,11 +66,11 @@ def replay_new(request: HtmxHttpRequest) -> HttpResponse:
 @role_required(Role.OPERATOR)
 def replay_preview_view(request: HtmxHttpRequest) -> HttpResponse:
     """How many messages the form's filter matches now, or its errors."""
-    form = ReplayForm(request.POST)
+    form = ReplayForm(request.POST, within=request_access(request).queues(Role.VIEWER))
     context: dict[str, Any] = {"form": form}
     if form.is_valid():
         with service_errors(request, form=form):
-            context["count"] = replay_preview(form.spec())
+            context["count"] = replay_preview(held_replay(request_access(request), form.spec()))
     return page(request, "console/replay_new.html", "replay-form", context)
 
 
@@ -105,7 +116,7 @@ def filter_rows(filters: dict[str, Any]) -> list[tuple[str, str]]:
 @require_GET
 @role_required(Role.VIEWER)
 def replay_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
-    job = found(replay_job_get, job_id=job_id)
+    job = found(replay_job_held, request=request, job_id=job_id)
     columns, rows = _sample(job)
     context = {
         "job": job,
@@ -118,10 +129,16 @@ def replay_job_page(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
     return page(request, "console/replay_job.html", "replay-progress", context)
 
 
+def _check(request: HttpRequest, job_id: int) -> None:
+    """Let the caller act on the job: operator on every queue it reads and writes."""
+    job = found(replay_job_held, request=request, job_id=job_id)
+    check_replay(request_access(request), ReplaySpec.of(job))
+
+
 @require_POST
 @role_required(Role.OPERATOR)
 def replay_job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
-    found(replay_job_get, job_id=job_id)
+    _check(request, job_id)
     with service_errors(request):
         job = replay_job_cancel(job_id=job_id, actor=request.user)
         if job.finished:
@@ -138,7 +155,7 @@ def replay_job_cancel_view(request: HtmxHttpRequest, job_id: int) -> HttpRespons
 @require_POST
 @role_required(Role.OPERATOR)
 def replay_job_run_view(request: HtmxHttpRequest, job_id: int) -> HttpResponse:
-    found(replay_job_get, job_id=job_id)
+    _check(request, job_id)
     with service_errors(request):
         replay_job_run_again(job_id=job_id, actor=request.user)
         messages.success(

@@ -6,12 +6,12 @@ resume, run now and delete."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -20,13 +20,13 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from broker.models import ReplayJob, ReplaySchedule
 from broker.pipeline.schedules import (
+    ScheduleSpec,
     Timing,
     latest_job,
     next_firing,
     next_firings,
     schedule_create,
     schedule_delete,
-    schedule_get,
     schedule_pause,
     schedule_resume,
     schedule_run_now,
@@ -35,6 +35,14 @@ from broker.pipeline.schedules import (
     spec_of,
     timing_of,
     timing_problems,
+)
+from console.access import (
+    check_replay,
+    held_replay,
+    replays_within,
+    request_access,
+    schedule_held,
+    schedule_replay,
 )
 from console.forms import ScheduleForm, TimingForm
 from console.roles import Role
@@ -61,15 +69,16 @@ def _row(schedule: ReplaySchedule) -> ScheduleRow:
     return ScheduleRow(schedule, timing_of(schedule), next_firing(schedule), latest_job(schedule))
 
 
-def _table() -> dict[str, Any]:
-    rows = [_row(schedule) for schedule in schedules_all()]
+def _table(request: HttpRequest) -> dict[str, Any]:
+    within = replays_within(request_access(request), request.user.pk)
+    rows = [_row(schedule) for schedule in schedules_all(within=within)]
     return {"rows": rows, "live": any(row.job and not row.job.finished for row in rows)}
 
 
 @require_GET
 @role_required(Role.VIEWER)
 def schedules(request: HtmxHttpRequest) -> HttpResponse:
-    return page(request, "console/schedules.html", TABLE, _table())
+    return page(request, "console/schedules.html", TABLE, _table(request))
 
 
 # --- the form ----------------------------------------------------------------------
@@ -113,20 +122,31 @@ def schedule_new(request: HtmxHttpRequest) -> HttpResponse:
     the user's); a valid POST saves the schedule, one the service refuses
     saves nothing and shows its errors beside the fields."""
     if request.method != "POST":
-        form = ScheduleForm.prefilled(request.GET)
+        form = ScheduleForm.prefilled(
+            request.GET, within=request_access(request).queues(Role.VIEWER)
+        )
         form.initial.setdefault("time_zone", timezone.get_current_timezone_name())
         return _form_page(request, form, None)
-    form = ScheduleForm(request.POST)
+    form = ScheduleForm(request.POST, within=request_access(request).queues(Role.VIEWER))
     if form.is_valid():
         with service_errors(request, form=form):
-            schedule = schedule_create(spec=form.schedule_spec(), actor=request.user)
+            spec = _held(request, form.schedule_spec())
+            schedule = schedule_create(spec=spec, actor=request.user)
             messages.success(request, f"Replay schedule {schedule.name} saved.")
             return redirect("schedule", schedule_id=schedule.id)
     return _form_page(request, form, None)
 
 
-def _live(schedule_id: int) -> ReplaySchedule:
-    schedule = found(schedule_get, schedule_id=schedule_id)
+def _held(request: HttpRequest, spec: ScheduleSpec) -> ScheduleSpec:
+    """The schedule as the caller may save it (``held_replay``)."""
+    return replace(spec, replay=held_replay(request_access(request), spec.replay))
+
+
+def _live(request: HttpRequest, schedule_id: int) -> ReplaySchedule:
+    """A schedule not deleted that the caller may change: operator on every
+    queue it reads and writes."""
+    schedule = found(schedule_held, request=request, schedule_id=schedule_id)
+    check_replay(request_access(request), schedule_replay(schedule))
     if schedule.deleted_at is not None:
         raise Http404(f"Replay schedule {schedule.name!r} was deleted.")
     return schedule
@@ -137,13 +157,18 @@ def _live(schedule_id: int) -> ReplaySchedule:
 def schedule_edit(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
     """The form showing the schedule; a valid POST replaces what it does
     and when (its past firings and jobs stay as they were)."""
-    schedule = _live(schedule_id)
+    schedule = _live(request, schedule_id)
     if request.method != "POST":
-        return _form_page(request, ScheduleForm.of(spec_of(schedule)), schedule)
-    form = ScheduleForm(request.POST)
+        return _form_page(
+            request,
+            ScheduleForm.of(spec_of(schedule), within=request_access(request).queues(Role.VIEWER)),
+            schedule,
+        )
+    form = ScheduleForm(request.POST, within=request_access(request).queues(Role.VIEWER))
     if form.is_valid():
         with service_errors(request, form=form):
-            schedule_update(schedule_id=schedule.id, spec=form.schedule_spec(), actor=request.user)
+            spec = _held(request, form.schedule_spec())
+            schedule_update(schedule_id=schedule.id, spec=spec, actor=request.user)
             messages.success(request, f"Replay schedule {form.cleaned_data['name']} saved.")
             return redirect("schedule", schedule_id=schedule.id)
     return _form_page(request, form, schedule)
@@ -165,7 +190,7 @@ def schedule_firings(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @role_required(Role.VIEWER)
 def schedule_page(request: HtmxHttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = found(schedule_get, schedule_id=schedule_id)
+    schedule = found(schedule_held, request=request, schedule_id=schedule_id)
     context = {
         "schedule": schedule,
         "row": _row(schedule),
@@ -183,7 +208,7 @@ def _answer(request: HtmxHttpRequest, default: str) -> HttpResponse:
     """The schedules table, the outcome in it, when one of its rows posted
     through htmx; else back where the post came from (``next``)."""
     if request.htmx and request.htmx.target == TABLE:
-        return render(request, f"console/schedules.html#{TABLE}", _table())
+        return render(request, f"console/schedules.html#{TABLE}", _table(request))
     target = back(request, default)
     if request.htmx:
         return HttpResponseClientRedirect(target)
@@ -205,7 +230,8 @@ def _act(
     """Do ``act`` to the schedule, say ``said`` of it (a refusal is a message,
     not an error page), and answer with the list or ``back`` (the
     schedule's page by default)."""
-    schedule = found(schedule_get, schedule_id=schedule_id)
+    schedule = found(schedule_held, request=request, schedule_id=schedule_id)
+    check_replay(request_access(request), schedule_replay(schedule))
     with service_errors(request):
         outcome = act(schedule_id=schedule.id, actor=request.user)
         messages.success(request, said(schedule, outcome))

@@ -13,8 +13,8 @@ from django.shortcuts import redirect
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_http_methods, require_POST
 
-from console.models import TOKEN_NAME_MAX_LENGTH
-from console.roles import Role
+from console.models import QUEUE_PATTERN_MAX_LENGTH, TOKEN_NAME_MAX_LENGTH
+from console.roles import GROUP_ROLES, Role
 from console.tokens import token_create, token_get, token_revoke, tokens_of
 from console.views.common import HtmxHttpRequest, found, page, role_required, service_errors
 
@@ -22,6 +22,18 @@ from console.views.common import HtmxHttpRequest, found, page, role_required, se
 class TokenForm(forms.Form):
     name = forms.CharField(
         max_length=TOKEN_NAME_MAX_LENGTH, help_text="What will use it, e.g. billing-exporter."
+    )
+    only_pattern = forms.CharField(
+        max_length=QUEUE_PATTERN_MAX_LENGTH,
+        required=False,
+        label="Only the queues",
+        help_text="A queue name or a pattern such as ORDERS.*; blank: all of yours.",
+    )
+    at_most = forms.ChoiceField(
+        choices=[("", "your role"), *((role, role) for role in GROUP_ROLES)],
+        required=False,
+        label="At most",
+        help_text="A role no higher than yours there.",
     )
 
 

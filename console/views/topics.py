@@ -15,10 +15,10 @@ from broker.selectors import subscription_summaries, topic_list
 from broker.services.topics import (
     subscription_create,
     subscription_delete,
-    subscription_get,
     subscription_update,
     topic_create,
 )
+from console.access import request_access, subscription_held
 from console.forms import SubscriptionEditForm, SubscriptionForm, TopicForm
 from console.roles import Role
 from console.views.common import (
@@ -39,7 +39,9 @@ def _topics_page(
 ) -> HttpResponse:
     context = {
         "topics": topic_list(),
-        "subscriptions": subscription_summaries(),
+        "subscriptions": subscription_summaries(
+            within=request_access(request).queues(Role.VIEWER, field="queue__name")
+        ),
         "topic_form": topic_form or TopicForm(),
         "subscription_form": subscription_form or SubscriptionForm(),
     }
@@ -53,7 +55,7 @@ def topics(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_POST
-@role_required(Role.ADMIN)
+@role_required(Role.ADMIN, installation_wide=True)
 def topic_new(request: HtmxHttpRequest) -> HttpResponse:
     form = TopicForm(request.POST)
     save = partial(topic_create, actor=request.user)
@@ -62,15 +64,16 @@ def topic_new(request: HtmxHttpRequest) -> HttpResponse:
     return _topics_page(request, topic_form=form if form.errors else None)
 
 
-def _subscribe(actor: Any, queue: str, **fields: Any) -> object:
-    return subscription_create(actor=actor, queue_name=queue, **fields)
+def _subscribe(request: HttpRequest, queue: str, **fields: Any) -> object:
+    request_access(request).check_create(queue)
+    return subscription_create(actor=request.user, queue_name=queue, **fields)
 
 
 @require_POST
 @role_required(Role.ADMIN)
 def subscription_new(request: HtmxHttpRequest) -> HttpResponse:
     form = SubscriptionForm(request.POST)
-    save = partial(_subscribe, request.user)
+    save = partial(_subscribe, request)
     if form_saved(request, form, save, "Subscription {name} created.") and not request.htmx:
         return redirect("topics")
     return _topics_page(request, subscription_form=form if form.errors else None)
@@ -80,7 +83,9 @@ def subscription_new(request: HtmxHttpRequest) -> HttpResponse:
 @role_required(Role.VIEWER)
 def subscription_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """Everyone sees a subscription's filter and limit; admins change them."""
-    subscription = found(subscription_get, name=name)
+    subscription = found(subscription_held, request=request, role=Role.VIEWER, name=name)
+    if request.method == "POST":
+        request_access(request).check(Role.ADMIN, subscription.queue.name)
     form = prefilled_form(SubscriptionEditForm, request, subscription)
     save = partial(subscription_update, subscription=subscription, actor=request.user)
     if form_saved(request, form, save, f"Subscription {name} saved.") and not request.htmx:
@@ -92,7 +97,7 @@ def subscription_edit(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @require_POST
 @role_required(Role.ADMIN)
 def subscription_remove(request: HttpRequest, name: str) -> HttpResponse:
-    subscription = found(subscription_get, name=name)
+    subscription = found(subscription_held, request=request, role=Role.ADMIN, name=name)
     with service_errors(request):
         subscription_delete(subscription=subscription, actor=request.user)
         messages.success(request, f"Subscription {name} deleted; its queue and messages stay.")

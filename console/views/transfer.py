@@ -10,8 +10,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from broker.selectors import MessageFilter
-from broker.services.queues import queue_get
 from broker.services.transfer import messages_export, messages_import
+from console.access import messages_within, queue_held, request_access
 from console.api.transfer import export_download
 from console.forms import ImportForm, MessageFilterForm
 from console.roles import Role
@@ -29,12 +29,16 @@ def messages_export_view(request: HtmxHttpRequest) -> HttpResponseBase:
     export_format = request.GET.get("format", "jsonl")
     if form.is_valid():
         values = {name: value for name, value in form.cleaned_data.items() if name != "before"}
+        access = request_access(request)
         with service_errors(request, form=form, field="queue"):
+            if values.get("queue"):
+                access.check(Role.OPERATOR, values["queue"])
             chunks = messages_export(
                 filters=MessageFilter(**values),
                 export_format=export_format,
                 actor=request.user,
                 via="console",
+                within=messages_within(access.queues(Role.OPERATOR)),
             )
             return export_download(chunks, export_format)
     context = {"form": form, "formats": FORMAT_LABELS, "chosen": export_format}
@@ -48,7 +52,7 @@ def queue_import_view(request: HtmxHttpRequest, name: str) -> HttpResponse:
     the queue's page when every line went in; else this form again, each bad
     line's number and why beside the file field (with ``partial``, the good
     lines were written and the bad ones are listed)."""
-    queue = found(queue_get, name=name)
+    queue = found(queue_held, request=request, role=Role.OPERATOR, name=name)
     form = ImportForm(request.POST, request.FILES)
     skipped = []
     if form.is_valid():
