@@ -38,7 +38,12 @@ def locked_out(
     response = render(
         request,
         "registration/login.html",
-        {"form": form, "locked_out": lockout_message(), "next": request.POST.get("next", "")},
+        {
+            "form": form,
+            "locked_out": lockout_message(),
+            "next": request.POST.get("next", ""),
+            "local_login": True,  # only a password sign-in is ever locked out
+        },
         status=LOCKED_OUT_STATUS,
     )
     response["Retry-After"] = str(int(settings.AXES_COOLOFF_TIME.total_seconds()))

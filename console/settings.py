@@ -167,6 +167,31 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 
+# Single sign-on with OpenID Connect (console.oidc), on when an issuer is
+# set: a "Sign in with LAZARETTO_OIDC_NAME" button beside the password form,
+# which LAZARETTO_LOCAL_LOGIN=false takes away. The provider's endpoints are
+# those of its /.well-known/openid-configuration.
+LAZARETTO_LOCAL_LOGIN = env_bool("LAZARETTO_LOCAL_LOGIN", True)
+LAZARETTO_OIDC_ISSUER = env_str("LAZARETTO_OIDC_ISSUER", "")
+LAZARETTO_OIDC_NAME = env_str("LAZARETTO_OIDC_NAME", "single sign-on")
+# The claim naming the user (their Lazaretto user name), and the one listing
+# their groups: those naming a Lazaretto group (a team, or a role) are theirs.
+LAZARETTO_OIDC_USERNAME_CLAIM = env_str("LAZARETTO_OIDC_USERNAME_CLAIM", "preferred_username")
+LAZARETTO_OIDC_GROUPS_CLAIM = env_str("LAZARETTO_OIDC_GROUPS_CLAIM", "groups")
+if LAZARETTO_OIDC_ISSUER:
+    AUTHENTICATION_BACKENDS.append("console.oidc.OidcBackend")
+    OIDC_RP_CLIENT_ID = env_str("LAZARETTO_OIDC_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = env_str("LAZARETTO_OIDC_CLIENT_SECRET")
+    OIDC_RP_SIGN_ALGO = env_str("LAZARETTO_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("LAZARETTO_OIDC_SCOPES", "openid profile email")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("LAZARETTO_OIDC_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("LAZARETTO_OIDC_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = env_str("LAZARETTO_OIDC_USERINFO_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = env_str("LAZARETTO_OIDC_JWKS_ENDPOINT")
+    OIDC_USE_PKCE = True
+    OIDC_TIMEOUT = env_float("LAZARETTO_OIDC_TIMEOUT_SECONDS", 5.0)
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -120,6 +120,9 @@ CONSOLE: list[Row] = [
     *route("readyz", "/readyz", GET=None),
     *route("metrics", "/metrics", GET=None),
     *route("login", "/login/", GET=None),
+    # Single sign-on's two steps: 404 while no issuer is configured (tests/test_sso.py).
+    *route("oidc_authentication_init", "/oidc/authenticate/", GET=None),
+    *route("oidc_authentication_callback", "/oidc/callback/", GET=None),
     *route("api-docs", "/api/docs/", GET=VIEWER),
     *route("api-redoc", "/api/redoc/", GET=VIEWER),
     *route("logout", "/logout/", POST=None),
