@@ -48,7 +48,7 @@ def role_context(request: HttpRequest) -> dict[str, Any]:
     """What every page may show: the user's installation-wide role, whether
     they operate or administer some queue (a queue's or a message's page
     says for that one), and whether they administer the installation."""
-    from console.access import request_access
+    from console.access import request_access  # console.access imports this module
 
     access = request_access(request)
     return {
@@ -77,7 +77,7 @@ class HasRole(BasePermission):
             if request.method in SAFE_METHODS
             else getattr(view, "write_role", Role.OPERATOR)
         )
-        from console.access import request_access
+        from console.access import request_access  # console.access imports this module
 
         access = request_access(request)
         if getattr(view, "installation_wide", False) or (
