@@ -123,8 +123,21 @@ class Access:
 
     @property
     def everywhere(self) -> Role:
-        """The role this caller holds on every queue, whatever its name."""
-        return Role.NONE if self.only_pattern else min(self.installation, self.at_most)
+        """The role this caller holds on every queue, whatever its name: their
+        installation-wide role, or a grant on every name (``*``)."""
+        if self.only_pattern and not _every_name(self.only_pattern):
+            return Role.NONE
+        granted = [role for pattern, role in self.grants if _every_name(pattern)]
+        return min(max([self.installation, *granted]), self.at_most)
+
+    @property
+    def on_installation(self) -> Role:
+        """The role this caller holds on the installation itself (users,
+        groups and grants, the HA pair, topics): their installation-wide
+        role, which no grant gives, through a token narrowed to no pattern."""
+        if self.only_pattern and not _every_name(self.only_pattern):
+            return Role.NONE
+        return min(self.installation, self.at_most)
 
     def anywhere(self, role: Role) -> bool:
         """Whether this caller holds ``role`` on some queue (or on all): what
@@ -193,6 +206,11 @@ class Access:
         return held
 
 
+def _every_name(pattern: str) -> bool:
+    """Whether ``pattern`` matches every queue name: ``*`` (or ``**``…)."""
+    return set(pattern) == {"*"}
+
+
 def messages_within(within: Q | None) -> Q | None:
     """``within`` (a filter on queues, from ``Access.queues``) as a filter on
     messages, by queue id (message_queue_id_idx)."""
@@ -213,10 +231,10 @@ def audit_within(access: Access) -> Q | None:
     """The audit events the caller may read: every one for a caller who sees
     every queue; else those of the queues they see (events of no queue, such
     as a change of a user's role, are the installation's)."""
-    if access.everywhere >= Role.VIEWER:
+    if access.on_installation >= Role.VIEWER:
         return None
     held = access.queues(Role.VIEWER, field="queue_name")
-    return Q(pk__in=[]) if held is None else held & ~Q(queue_name="")
+    return ~Q(queue_name="") if held is None else held & ~Q(queue_name="")
 
 
 def rules_targets(text: str) -> tuple[list[str], bool]:

@@ -55,7 +55,7 @@ def role_context(request: HttpRequest) -> dict[str, Any]:
         "role": user_role(request.user),
         "can_operate": access.anywhere(Role.OPERATOR),
         "can_admin": access.anywhere(Role.ADMIN),
-        "can_admin_installation": access.everywhere >= Role.ADMIN,
+        "can_admin_installation": access.on_installation >= Role.ADMIN,
     }
 
 
@@ -83,7 +83,7 @@ class HasRole(BasePermission):
         if getattr(view, "installation_wide", False) or (
             request.method not in SAFE_METHODS and getattr(view, "installation_wide_writes", False)
         ):
-            return access.everywhere >= needed
+            return access.on_installation >= needed
         # A path that names a queue, a message, a job…: the view's check on
         # it decides, so one the caller may not see is not there (404).
         return access.anywhere(Role.VIEWER if getattr(view, "kwargs", None) else needed)

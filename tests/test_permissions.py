@@ -11,6 +11,7 @@ row, so a new endpoint cannot ship without one."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from broker.pipeline.selection import ReplaySpec
 from broker.services.bulk import bulk_job_submit
 from broker.services.rule_tables import rule_table_create
 from broker.services.topics import subscription_create, topic_create
+from console.grants import Grantee, grant_add
 from console.roles import Role
 from console.tokens import token_create
 from tests.support.messages import blacklisted
@@ -301,6 +303,49 @@ def test_each_role_is_let_through_or_refused_as_the_table_says(who, world):
                 wrong.append(f"{method} {path}: {status}, expected {refusal(role, api)}")
             elif not allowed and status == 302 and "/login/" not in answer["Location"]:
                 wrong.append(f"{method} {path}: redirected to {answer['Location']}")
+    assert wrong == []
+
+
+# What belongs to the whole installation: a role on every queue by grant is
+# no role there (console.access.Access.everywhere).
+INSTALLATION_WIDE = re.compile(r"^(api-)?(users?|user-.*|grants?|grant-.*|groups?|group-.*|ha.*)$")
+INSTALLATION_WIDE_WRITES = {("topic-new", "POST"), ("api-topics", "POST"), ("api-topic", "DELETE")}
+
+
+def granted_caller(role: Role, api: bool) -> Client:
+    """A user in no role group who holds ``role`` on every queue (``*``) by grant."""
+    client: Client = APIClient() if api else Client()
+    name = f"granted-{GROUPS[role]}-{int(api)}"
+    user = User.objects.create_user(username=name, password="x" * 12)
+    grant_add(pattern="*", role=GROUPS[role], to=Grantee(user=name), actor=None)
+    if api:
+        _, key = token_create(user=user, name="matrix")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")  # type: ignore[attr-defined]
+    else:
+        client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("who", ["viewer", "operator", "admin"])
+def test_a_role_on_every_queue_by_grant_acts_on_queues_as_the_role_does_and_not_on_the_installation(
+    who, world
+):
+    role = ROLES[who]
+    assert role is not None
+    wrong: list[str] = []
+    for api, table in ((False, CONSOLE), (True, API)):
+        client = granted_caller(role, api)
+        for name, method, template, least in table:
+            path = template.format(**world)
+            status = client.generic(method, path).status_code
+            installation = bool(INSTALLATION_WIDE.match(name)) or (name, method) in (
+                INSTALLATION_WIDE_WRITES
+            )
+            allowed = least is None or (role >= least and not installation)
+            if allowed and (status in (401, 403) or status >= 500):
+                wrong.append(f"{method} {path}: {status}, expected to be let through")
+            elif not allowed and status != 403:
+                wrong.append(f"{method} {path}: {status}, expected 403")
     assert wrong == []
 
 

@@ -52,7 +52,7 @@ def require_role(request: HttpRequest, role: Role) -> None:
 def require_everywhere(request: HttpRequest, role: Role) -> None:
     """Refuse (403) a user who does not hold ``role`` on every queue: for
     what belongs to the whole installation (users, the HA pair, topics)."""
-    if request_access(request).everywhere < role:
+    if request_access(request).on_installation < role:
         raise PermissionDenied(f"This needs the {role.label} role on the whole installation.")
 
 
