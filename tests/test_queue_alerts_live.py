@@ -28,28 +28,17 @@ SECRET = "alert-secret-5e8b0d17"
 WITHIN = 5.0
 
 
-def opened_within(queue: Queue, condition: str, since: float) -> float:
+def within(queue: Queue, condition: str, since: float, *, ended: bool = False) -> float:
     """Seconds from ``since`` (monotonic) until the queue's episode of
-    ``condition`` is open."""
+    ``condition`` is open (``ended``: has ended)."""
+    state = "resolved" if ended else "open"
     wait_until(
         lambda: QueueAlert.objects.filter(
-            queue=queue, condition=condition, ended_at__isnull=True
+            queue=queue, condition=condition, ended_at__isnull=not ended
         ).exists(),
         timeout=WITHIN + 5,
         interval=0.1,
-        what=f"{queue.name}: a {condition} alert",
-    )
-    return time.monotonic() - since
-
-
-def ended_within(queue: Queue, condition: str, since: float) -> float:
-    wait_until(
-        lambda: QueueAlert.objects.filter(
-            queue=queue, condition=condition, ended_at__isnull=False
-        ).exists(),
-        timeout=WITHIN + 5,
-        interval=0.1,
-        what=f"{queue.name}: the {condition} alert resolved",
+        what=f"{queue.name}: a {condition} alert {state}",
     )
     return time.monotonic() - since
 
@@ -119,28 +108,28 @@ def test_thresholds_crossed_by_real_traffic_fire_and_resolve_once_each(
     [poison] = published(crashy, 1, NewMessage(payload=b"CRASH"))
 
     # A paused consumer: too many waiting at once, too old three seconds on.
-    assert opened_within(backlog, C.WAITING, started) <= WITHIN
-    assert opened_within(refused, C.WAITING, started) <= WITHIN
-    assert opened_within(backlog, C.OLDEST_WAITING, started + 3) <= WITHIN
+    assert within(backlog, C.WAITING, started) <= WITHIN
+    assert within(refused, C.WAITING, started) <= WITHIN
+    assert within(backlog, C.OLDEST_WAITING, started + 3) <= WITHIN
     # A failing consumer: no acknowledgement for three seconds.
-    assert opened_within(failing, C.STALLED, started + 3) <= WITHIN
+    assert within(failing, C.STALLED, started + 3) <= WITHIN
     # A burst of dead letters: ten in a second or two, five allowed a minute.
-    assert opened_within(burst_dlq, C.DEAD_LETTER_RATE, started) <= WITHIN
+    assert within(burst_dlq, C.DEAD_LETTER_RATE, started) <= WITHIN
     # A crashing consumer: its message blacklisted after two crashes.
     wait_until(
         lambda: Message.objects.filter(id=poison, state=MessageState.NOT_DELIVERABLE).exists(),
         timeout=30,
         what="the CRASH message blacklisted",
     )
-    assert opened_within(crashy, C.BLACKLISTED, time.monotonic()) <= WITHIN
+    assert within(crashy, C.BLACKLISTED, time.monotonic()) <= WITHIN
 
     # Back: the consumer resumed, the failing one mended, the poison failed.
     back = time.monotonic()
     queue_pause(queue=backlog, paused=False)
     queue_update(queue=failing, consumer="noop")
     messages_fail(message_ids=[poison], actor=None)
-    assert ended_within(backlog, C.WAITING, back) <= WITHIN
-    assert ended_within(backlog, C.OLDEST_WAITING, back) <= WITHIN
+    assert within(backlog, C.WAITING, back, ended=True) <= WITHIN
+    assert within(backlog, C.OLDEST_WAITING, back, ended=True) <= WITHIN
     # The mended consumer acknowledges once a failed message's retry is due
     # (its back-off has grown meanwhile): the queue is back from that moment.
     wait_until(
@@ -149,10 +138,10 @@ def test_thresholds_crossed_by_real_traffic_fire_and_resolve_once_each(
         interval=0.05,
         what="the mended consumer's first acknowledgement",
     )
-    assert ended_within(failing, C.STALLED, time.monotonic()) <= WITHIN
-    assert ended_within(crashy, C.BLACKLISTED, back) <= WITHIN
+    assert within(failing, C.STALLED, time.monotonic(), ended=True) <= WITHIN
+    assert within(crashy, C.BLACKLISTED, back, ended=True) <= WITHIN
     queue_pause(queue=refused, paused=False)
-    assert ended_within(refused, C.WAITING, time.monotonic()) <= WITHIN
+    assert within(refused, C.WAITING, time.monotonic(), ended=True) <= WITHIN
 
     # Each posted once firing and once resolved, in that order, signed.
     for queue, conditions in [

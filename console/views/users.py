@@ -9,6 +9,8 @@ active admin."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from django import forms
 from django.contrib import messages
 from django.http import HttpResponse
@@ -37,7 +39,13 @@ from console.users import (
     user_set_role,
     users_list,
 )
-from console.views.common import HtmxHttpRequest, page, role_required, service_errors
+from console.views.common import (
+    HtmxHttpRequest,
+    form_saved,
+    page,
+    role_required,
+    service_errors,
+)
 
 ROLE_CHOICES = [(role, role) for role in ROLES]
 
@@ -160,12 +168,9 @@ def _groups_page(request: HtmxHttpRequest, form: GroupForm | None = None) -> Htt
 @role_required(Role.ADMIN, installation_wide=True)
 def groups(request: HtmxHttpRequest) -> HttpResponse:
     form = GroupForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        with service_errors(request, form=form) as outcome:
-            group_create(name=form.cleaned_data["name"], actor=request.user)
-            messages.success(request, f"Group {form.cleaned_data['name']} created.")
-        if outcome.ok:
-            form = GroupForm()
+    save = partial(group_create, actor=request.user)
+    if form_saved(request, form, save, "Group {name} created."):
+        form = GroupForm()
     return _groups_page(request, form)
 
 
