@@ -44,6 +44,7 @@ def sends(
         monkeypatch.setattr(scheduler_class, "producer", None)
         monkeypatch.setattr(scheduler_class, "enabled_models", lambda self: [])
         monkeypatch.setattr(scheduler_class, "schedule_changed", lambda self: False)
+        monkeypatch.setattr(scheduler_class, "sync", lambda self: None)
     scheduler = make_scheduler()
     started = time.monotonic()
     while time.monotonic() - started < seconds:

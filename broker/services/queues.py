@@ -80,7 +80,10 @@ def _save_validated(
     if queue.kind == QueueKind.DEAD_LETTER:
         queue.dead_letter_queue = None
     try:
-        queue.full_clean(validate_unique=not exclude_unique)
+        # The fields' validators refuse what the check constraints would, by
+        # field; the constraints back them up in the database. Validating
+        # the constraints here too would cost a query each on every save.
+        queue.full_clean(validate_unique=not exclude_unique, validate_constraints=False)
     except ValidationError as error:
         raise InvalidInput(
             "The queue settings are not valid.", field_errors=error.message_dict
