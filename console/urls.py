@@ -2,12 +2,12 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.urls import include, path, re_path
 from drf_spectacular.views import (
-    SpectacularAPIView,
     SpectacularRedocView,
     SpectacularSwaggerView,
 )
 
 from console.api.errors import unknown_path
+from console.api.schema import SchemaView
 from console.views import (
     archive,
     audit,
@@ -125,7 +125,7 @@ urlpatterns = [
     path("oidc/callback/", login.sso_callback, name="oidc_authentication_callback"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("console.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path(
         "api/docs/",
         login_required(SpectacularSwaggerView.as_view(url_name="api-schema")),

@@ -35,7 +35,11 @@ from rig.processes import (
     point_celery_at,
 )
 from tests.support.console import with_key
-from tests.support.databases import clone_migrated_template, sql_flush_of_what_was_written
+from tests.support.databases import (
+    clone_migrated_template,
+    post_migrate_of_a_flush,
+    sql_flush_of_what_was_written,
+)
 from tests.support.publishing import published
 from tests.support.webhooks import WebhookServer, silent_receiver
 from workers.pipeline import STANDBY
@@ -288,8 +292,12 @@ def static_files_found_when_asked_for() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def flush_empties_only_what_was_written() -> Iterator[None]:
     """After each transactional test, Django's flush empties the tables the
-    test wrote rather than truncating all of them (tests.support.databases)."""
-    with patch.object(flush, "sql_flush", sql_flush_of_what_was_written):
+    test wrote rather than truncating all of them, and puts back the
+    installation's rows alone (tests.support.databases)."""
+    with (
+        patch.object(flush, "sql_flush", sql_flush_of_what_was_written),
+        patch.object(flush, "emit_post_migrate_signal", post_migrate_of_a_flush),
+    ):
         yield
 
 

@@ -13,9 +13,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from django.apps import apps as django_apps
 from django.db import connection
 from psycopg import sql
 
+from broker.apps import installation_rows
 from rig.processes import ROOT
 from tests.support.processes import manage
 
@@ -136,8 +138,8 @@ def sql_flush_of_what_was_written(
     checked at the commit (Django makes them DEFERRABLE INITIALLY
     DEFERRED), when every row that referred to a deleted one is gone as
     well. Asked to reset the sequences (a test's ``reset_sequences``), it
-    truncates as Django does. The command then sends post_migrate as it
-    always does."""
+    truncates as Django does. The command then calls
+    ``post_migrate_of_a_flush``."""
     tables = [
         table
         for table in conn.introspection.django_table_names(only_existing=True, include_views=False)
@@ -167,3 +169,12 @@ def sql_flush_of_what_was_written(
         names = sql.SQL(", ").join(map(sql.Identifier, truncated))
         statements.insert(0, sql.SQL("TRUNCATE {} CASCADE").format(names))
     return [statement.as_string(conn.connection) for statement in statements]
+
+
+def post_migrate_of_a_flush(verbosity: int, interactive: bool, db: str, **kwargs: Any) -> None:
+    """What the flush's post_migrate does that the suite's flush needs: the
+    installation's rows (``broker.apps.installation_rows``), made again.
+    The content types and permissions, which it keeps (STATIC_TABLES), are
+    not looked over again: a query for each model after every
+    transactional test."""
+    installation_rows(django_apps.get_app_config("broker"), using=db)
