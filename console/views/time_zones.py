@@ -8,8 +8,11 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
+from django.forms.utils import flatatt
 from django.http import HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_http_methods
 
 from console.roles import Role
@@ -17,8 +20,29 @@ from console.time_zones import time_zone_names, time_zone_set
 from console.views.common import HtmxHttpRequest, page, role_required
 
 
+class ZoneSelect(forms.Select):
+    """A select of some six hundred zones, its options written in one go:
+    Django's select renders a template for each option, 85 ms a page."""
+
+    def render(
+        self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None
+    ) -> SafeString:
+        chosen = self.format_value(value)
+        options = format_html_join(
+            "",
+            '<option value="{}"{}>{}</option>',
+            (
+                (key, " selected" if str(key) in chosen else "", label)
+                for key, label in self.choices
+            ),
+        )
+        attributes = flatatt(self.build_attrs(self.attrs, attrs))
+        return format_html('<select name="{}"{}>{}</select>', name, attributes, options)
+
+
 class TimeZoneForm(forms.Form):
     time_zone = forms.ChoiceField(
+        widget=ZoneSelect,
         label="Time zone",
         help_text="Every time in the console is shown in this zone, named after it.",
         error_messages={
