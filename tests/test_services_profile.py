@@ -145,17 +145,22 @@ def test_a_bad_profile_stops_the_test_session_before_any_test_runs():
     assert "passed" not in result.stdout
 
 
-PYTEST_RUN = "PYTHONDONTWRITEBYTECODE= .venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder"
+PYTEST_RUN = (
+    "PYTHONDONTWRITEBYTECODE= .venv/bin/pytest -n {workers} --dist loadfile --no-loadscope-reorder"
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("target", "selection"),
-    [("test", "--durations=10"), ("test-fast", '-m "not (ha or fuzz or spark or browser)"')],
+    ("target", "workers", "selection"),
+    [
+        ("test", 3, "--durations=10"),
+        ("test-fast", 4, '-m "not (ha or fuzz or spark or browser)"'),
+    ],
 )
 @pytest.mark.parametrize(("caller", "profile"), [(None, "fast"), ("durable", "durable")])
 def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(
-    target, selection, caller, profile
+    target, workers, selection, caller, profile
 ):
     env = {key: value for key, value in os.environ.items() if key != TEST_DB_PROFILE_VARIABLE}
     if caller is not None:
@@ -166,7 +171,8 @@ def test_make_test_runs_pytest_with_the_fast_profile_unless_told_otherwise(
 
     assert result.returncode == 0, result.stderr
     runs = [line for line in result.stdout.splitlines() if ".venv/bin/pytest" in line]
-    assert runs == [f"LAZARETTO_TEST_DB_PROFILE={profile} {PYTEST_RUN} {selection}"]
+    run = PYTEST_RUN.format(workers=workers)
+    assert runs == [f"LAZARETTO_TEST_DB_PROFILE={profile} {run} {selection}"]
 
 
 # --- var/services.env ------------------------------------------------------------------
