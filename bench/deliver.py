@@ -8,6 +8,7 @@ bench/_celery.py's, which bench.peers and bench.soak run Lazaretto with too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -17,14 +18,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import psycopg
 
-from bench import _celery
+from bench import _celery, _spark
 from bench import _harness as harness
 from bench._loaders import PUT_APPLICATION, PUT_USER
 
@@ -89,6 +91,7 @@ class Options:
     batch1_messages: int
     isolation: bool
     isolation_runs: int
+    beside_spark: bool
 
     def messages_for(self, batch: int) -> int:
         return self.batch1_messages if batch == 1 else self.messages
@@ -189,6 +192,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             harness.positive_int,
             ISOLATION_RUNS,
             f"runs of each isolation case (default {ISOLATION_RUNS})",
+        ),
+        beside_spark=(
+            bool,
+            False,
+            "time isolation while a Spark Connect server of the bench runs a query taking "
+            "both cores, over and over (default: off)",
         ),
     ).parse_args(argv)
     args.batch1_messages = args.batch1_messages or args.messages
@@ -454,15 +463,18 @@ def isolate_once(
     return result
 
 
-def run_isolation(bench: _celery.Bench, runs: int) -> list[IsolationResult]:
+def run_isolation(
+    bench: _celery.Bench, runs: int, beside_spark: bool = False
+) -> list[IsolationResult]:
     """Every isolation case in turn, ``runs`` rounds of them, on one set of
     Celery processes running the product's default sweep and dispatch
-    intervals."""
+    intervals; ``beside_spark``, with Spark taking the cores meanwhile."""
     _celery.flush_redis(bench.redis)
     with (
         tempfile.TemporaryDirectory(prefix="bench-deliver-") as directory,
         psycopg.connect(bench.bench_url, autocommit=True) as conn,
         _celery.celery_processes(bench, Path(directory), ISOLATION_ENV) as workers,
+        spark_busy(Path(directory)) if beside_spark else contextlib.nullcontext(),
     ):
         results = [
             isolate_once(conn, workers, case, run)
@@ -471,6 +483,18 @@ def run_isolation(bench: _celery.Bench, runs: int) -> list[IsolationResult]:
         ]
         _celery.check_tasks(workers)
     return results
+
+
+@contextmanager
+def spark_busy(directory: Path) -> Iterator[None]:
+    """A Spark Connect server of the bench, started as `make run` starts it
+    (at LAZARETTO_SPARK_NICENESS), kept busy on every core until the block
+    ends (rig.processes.spark_kept_busy)."""
+    from rig.processes import SPARK_LOAD_QUERY, spark_kept_busy
+
+    with _spark.connect_server(directory) as url, spark_kept_busy(url) as finished:
+        yield
+        harness.log(f"isolation beside spark: {finished()} queries of {SPARK_LOAD_QUERY!r}")
 
 
 # --- driver and report ------------------------------------------------------------------
@@ -490,7 +514,11 @@ def run_all(options: Options, bench_url: str) -> Figures:
             run_batch(bench, batch, options.messages_for(batch)) for batch in options.batches
         ]
         kill = run_kill(bench)
-        isolation = run_isolation(bench, options.isolation_runs) if options.isolation else []
+        isolation = (
+            run_isolation(bench, options.isolation_runs, options.beside_spark)
+            if options.isolation
+            else []
+        )
     return Figures(results, kill, isolation)
 
 
@@ -583,6 +611,11 @@ def summary(options: Options, figures: Figures, seconds: float) -> dict[str, Any
             "sweep_interval_s": kill.sweep_interval,
         },
         **isolation_summary(figures.isolation),
+        **(
+            {"isolation_beside_spark": {"spark_niceness": spark_niceness()}}
+            if options.beside_spark and figures.isolation
+            else {}
+        ),
         "targets": dict(TARGETS),
         "total_s": round(seconds, 1),
     }
@@ -634,15 +667,26 @@ def print_kill(kill: KillResult) -> None:
     )
 
 
+def spark_niceness() -> int:
+    from django.conf import settings
+
+    return int(settings.LAZARETTO_SPARK_NICENESS)
+
+
 def print_isolation(options: Options, isolation: list[IsolationResult]) -> None:
     if not isolation:
         return
     print()
+    beside = (
+        f", beside a busy Spark Connect server at niceness {spark_niceness()}"
+        if options.beside_spark
+        else ""
+    )
     harness.title(
         f"poison isolation: consumer demo, one batch holding the poison (CRASH), queue "
         f"defaults (crash threshold 2, poison limit 5, suspect delay 1 s), sweep and "
         f"dispatch every {ISOLATION_ENV['LAZARETTO_SWEEP_INTERVAL_SECONDS']} s, "
-        f"--concurrency {options.concurrency}, {options.isolation_runs} runs a case"
+        f"--concurrency {options.concurrency}, {options.isolation_runs} runs a case{beside}"
     )
     innocents, poison = ISOLATION_TARGETS_S["innocents_dlvd"], ISOLATION_TARGETS_S["poison_ndlv"]
     rows = []

@@ -156,16 +156,24 @@ def env_file(name: str, default: Path, base: Path) -> Path:
     return path
 
 
-def env_int(name: str, default: int, minimum: int = 1) -> int:
-    return _number(name, default, minimum, int, "a whole number")
+def env_int(name: str, default: int, minimum: int = 1, maximum: int | None = None) -> int:
+    return _number(name, default, minimum, int, "a whole number", maximum)
 
 
 def env_float(name: str, default: float, minimum: float = 0.05) -> float:
     return _number(name, default, minimum, float, "a number")
 
 
-def _number(name: str, default: N, minimum: N, parse: Callable[[str], N], kind: str) -> N:
-    """``name``'s value read by ``parse``, at least ``minimum`` (not NaN)."""
+def _number(
+    name: str,
+    default: N,
+    minimum: N,
+    parse: Callable[[str], N],
+    kind: str,
+    maximum: N | None = None,
+) -> N:
+    """``name``'s value read by ``parse``, at least ``minimum`` (not NaN)
+    and at most ``maximum``, if given."""
     value = _raw(name)
     if not value:
         return default
@@ -173,6 +181,8 @@ def _number(name: str, default: N, minimum: N, parse: Callable[[str], N], kind: 
         number = parse(value)
     except ValueError:
         raise _bad(name, value, kind) from None
+    if maximum is not None and not minimum <= number <= maximum:
+        raise _bad(name, value, f"{kind} from {minimum} to {maximum}")
     if not number >= minimum:
         raise _bad(name, value, f"{kind} of at least {minimum}")
     return number

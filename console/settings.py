@@ -412,6 +412,10 @@ LAZARETTO_SPARK_STANDBY = env_bool("LAZARETTO_SPARK_STANDBY", True)
 # Extra JVM options for the Spark driver (in local mode, the executors too);
 # the test suite uses -XX:TieredStopAtLevel=1, which halves a small job's start-up.
 LAZARETTO_SPARK_JAVA_OPTIONS = env_str("LAZARETTO_SPARK_JAVA_OPTIONS", "")
+# The niceness the Spark drivers and the Spark Connect server run at (0 to
+# 19; their JVMs inherit it): on a host they share with delivery workers,
+# deliveries get the processor first (workers.spark.session.yield_to_deliveries).
+LAZARETTO_SPARK_NICENESS = env_int("LAZARETTO_SPARK_NICENESS", 10, minimum=0, maximum=19)
 # The HA pair (broker.ha; `python manage.py broker_node --name NAME`). A
 # node's DATABASE_URL is its own PostgreSQL server; applications list both
 # servers: postgres://u:p@a:5432,b:5432/db?target_session_attrs=read-write.

@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -284,6 +285,44 @@ class Workers:
         for process in self.processes.values():
             _stop(process)
         self.processes.clear()
+
+
+# A query that keeps a local Spark busy on every core for seconds at a time.
+SPARK_LOAD_QUERY = "SELECT sum(id * id % 7) FROM range(0, 400000000, 1, 8)"
+
+
+@contextlib.contextmanager
+def spark_kept_busy(url: str) -> Iterator[Callable[[], int]]:
+    """The Spark Connect server at ``url`` running SPARK_LOAD_QUERY again
+    and again, from a client thread, from when its session is up until the
+    block ends (the query running then is interrupted); yields how many
+    queries it has finished so far."""
+    from pyspark.sql import SparkSession
+
+    stop = threading.Event()
+    spark = SparkSession.builder.remote(url).create()
+    finished = 0
+
+    def load() -> None:
+        nonlocal finished
+        while not stop.is_set():
+            try:
+                spark.sql(SPARK_LOAD_QUERY).collect()
+            except Exception:
+                if stop.is_set():  # interrupted as the block ended
+                    return
+                raise
+            finished += 1
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    try:
+        yield lambda: finished
+    finally:
+        stop.set()
+        spark.interruptAll()
+        thread.join(timeout=60)
+        spark.stop()
 
 
 def point_celery_at(broker_url: str) -> None:

@@ -25,6 +25,7 @@ from tests.support.processes import manage, refused_at_start_up
         ("LAZARETTO_API_RATE", "0/min"),
         ("LAZARETTO_API_RATE", "10/fortnight"),
         ("CACHE_URL", "memcached://cache:11211"),
+        ("LAZARETTO_SPARK_NICENESS", "20"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(variable, value):
@@ -143,3 +144,32 @@ def test_a_node_connects_with_the_libpq_options_of_the_database_setting_only(set
     assert params["application_name"] == "node"
     assert "prepare_threshold" not in params
     assert "pool" not in params
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("-1", "from 0 to 19"),
+        ("20", "from 0 to 19"),
+        ("ten", "a whole number"),
+        ("1.5", "a whole number"),
+    ],
+)
+def test_a_bounded_number_is_refused_outside_its_bounds(monkeypatch, value, problem):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.env import env_int
+
+    monkeypatch.setenv("LAZARETTO_SPARK_NICENESS", value)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        env_int("LAZARETTO_SPARK_NICENESS", 10, minimum=0, maximum=19)
+    assert str(refused.value).startswith(f"LAZARETTO_SPARK_NICENESS: '{value}' is not valid")
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["0", "19", ""])
+def test_a_bounded_number_takes_its_bounds_and_its_default_when_unset(monkeypatch, value):
+    from console.env import env_int
+
+    monkeypatch.setenv("LAZARETTO_SPARK_NICENESS", value)
+    assert env_int("LAZARETTO_SPARK_NICENESS", 10, minimum=0, maximum=19) == int(value or 10)

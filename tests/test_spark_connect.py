@@ -386,3 +386,25 @@ def test_a_server_elsewhere_is_refused_a_database_host_that_is_this_machine(
     monkeypatch.setitem(connection.settings_dict, "HOST", host)
     with pytest.raises(ImproperlyConfigured, match=rf"^DATABASE_URL: {host} is this machine's own"):
         spark_session("lazaretto-test")
+
+
+def test_the_server_runs_below_the_deliveries_at_the_spark_niceness(
+    spark_connect_server: SparkConnectServer,
+) -> None:
+    """LAZARETTO_SPARK_NICENESS (10): the server's JVM, and every process
+    of its group, yields the processor to the delivery workers."""
+    assert spark_connect_server.process is not None
+    group = spark_connect_server.process.pid
+    members = [
+        int(pid) for pid in os.listdir("/proc") if pid.isdigit() and pid_group(int(pid)) == group
+    ]
+
+    assert members
+    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in members} == {10}
+
+
+def pid_group(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None

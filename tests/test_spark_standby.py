@@ -5,6 +5,7 @@ ready from its start."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,8 @@ def test_a_launch_runs_its_job_on_the_driver_started_ahead_and_readies_the_next(
     ahead = STANDBY.pid
     assert ahead is not None
     wait_for_standby(ahead)
+    # Below the deliveries (LAZARETTO_SPARK_NICENESS), from its start.
+    wait_until(lambda: os.getpriority(os.PRIO_PROCESS, ahead) == 10, timeout=30, what="niceness 10")
 
     job, drivers = launched(submit())
 

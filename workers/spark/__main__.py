@@ -19,6 +19,9 @@ JOBS = ("workers.spark.replay", "workers.spark.archive")
 def main(argv: list[str]) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     django.setup()
+    from workers.spark.session import yield_to_deliveries
+
+    yield_to_deliveries()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if argv == ["standby"]:
         _load()

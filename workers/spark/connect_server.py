@@ -28,7 +28,7 @@ import pyspark
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from workers.spark.session import CONNECT_PORT, connect_address
+from workers.spark.session import CONNECT_PORT, connect_address, yield_to_deliveries
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -99,9 +99,9 @@ def server_env(bind: str = "127.0.0.1") -> dict[str, str]:
 
 
 def serve(port: int, bind: str, log: Path | None = None, scratch: Path | None = None) -> None:
-    """Become the server (exec): its process is this one, so a SIGTERM to
-    it, or to its process group, stops it. Its output goes to ``log``
-    (appended) when given."""
+    """Become the server (exec), at LAZARETTO_SPARK_NICENESS: its process
+    is this one, so a SIGTERM to it, or to its process group, stops it. Its
+    output goes to ``log`` (appended) when given."""
     scratch = scratch or scratch_dir(port)
     command = server_command(port, bind=bind, scratch=scratch)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -111,6 +111,7 @@ def serve(port: int, bind: str, log: Path | None = None, scratch: Path | None = 
         os.dup2(descriptor, 1)
         os.dup2(descriptor, 2)
         os.close(descriptor)
+    yield_to_deliveries()
     os.execve(command[0], command, server_env(bind))  # noqa: S606 - our own command line
 
 

@@ -37,6 +37,17 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 CONNECT_RETRIES = 4
 
 
+def yield_to_deliveries() -> None:
+    """Run this process, and the JVM and Python workers it starts, at
+    LAZARETTO_SPARK_NICENESS: a Spark job's start-up takes both cores of a
+    small host for seconds, and a delivery worker beside it would wait for
+    the processor, a poison message's innocent batch-mates with it. A
+    process already nicer is left as it is (lowering it needs privilege)."""
+    niceness = int(settings.LAZARETTO_SPARK_NICENESS)
+    if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+
+
 class SparkUnreachable(Exception):
     """The Spark Connect server SPARK_REMOTE names does not answer."""
 
