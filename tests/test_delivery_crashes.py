@@ -191,9 +191,10 @@ def test_innocents_are_delivered_within_5_s_of_the_crash_being_detected(
 def test_innocents_are_delivered_within_5_s_while_spark_takes_both_cores(
     start_workers, spark_connect_server
 ):
-    """A Spark Connect server busy on every core (as a replay's start-up
-    keeps a small host) runs at LAZARETTO_SPARK_NICENESS, so the crashed
-    batch's innocents still go within the bound."""
+    """A Spark Connect server busy on every core beside the workers, as a
+    replay's start-up keeps a small host: the crashed batch's innocents
+    still go within the bound (the bench, `bench/deliver.py --beside-spark`,
+    times 20 runs a case against the tighter 2 s)."""
     queue = queue_create(name="ISOLATE.Q", consumer="demo", batch_size=100)
     workers = start_workers(concurrency=2, **DEFAULT_INTERVALS)
     payloads = [b"CRASH" if n == 57 else f"order {n}".encode() for n in range(100)]
