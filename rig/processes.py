@@ -289,6 +289,7 @@ class Workers:
 
 # A query that keeps a local Spark busy on every core for seconds at a time.
 SPARK_LOAD_QUERY = "SELECT sum(id * id % 7) FROM range(0, 400000000, 1, 8)"
+SPARK_CONNECT_MODE_VARIABLES = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
 
 @contextlib.contextmanager
@@ -296,9 +297,12 @@ def spark_kept_busy(url: str) -> Iterator[Callable[[], int]]:
     """The Spark Connect server at ``url`` running SPARK_LOAD_QUERY again
     and again, from a client thread, from when its session is up until the
     block ends (the query running then is interrupted); yields how many
-    queries it has finished so far."""
+    queries it has finished so far. pyspark leaves a process that made a
+    remote session in Connect mode (its environment says so): the block
+    puts those variables back, so that a classic session can follow."""
     from pyspark.sql import SparkSession
 
+    environment = {name: os.environ.get(name) for name in SPARK_CONNECT_MODE_VARIABLES}
     stop = threading.Event()
     spark = SparkSession.builder.remote(url).create()
     finished = 0
@@ -323,6 +327,11 @@ def spark_kept_busy(url: str) -> Iterator[Callable[[], int]]:
         spark.interruptAll()
         thread.join(timeout=60)
         spark.stop()
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def point_celery_at(broker_url: str) -> None:

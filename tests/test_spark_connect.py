@@ -388,11 +388,11 @@ def test_a_server_elsewhere_is_refused_a_database_host_that_is_this_machine(
         spark_session("lazaretto-test")
 
 
-def test_the_server_runs_below_the_deliveries_at_the_spark_niceness(
+def test_the_server_and_its_whole_process_group_run_at_the_spark_niceness(
     spark_connect_server: SparkConnectServer,
 ) -> None:
-    """LAZARETTO_SPARK_NICENESS (10): the server's JVM, and every process
-    of its group, yields the processor to the delivery workers."""
+    """LAZARETTO_SPARK_NICENESS (the suite's, SPARK_TEST_SETTINGS): the
+    server's JVM, and every process of its group, runs at it."""
     assert spark_connect_server.process is not None
     group = spark_connect_server.process.pid
     members = [
@@ -400,7 +400,8 @@ def test_the_server_runs_below_the_deliveries_at_the_spark_niceness(
     ]
 
     assert members
-    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in members} == {10}
+    niceness = int(SPARK_TEST_SETTINGS["LAZARETTO_SPARK_NICENESS"])
+    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in members} == {niceness}
 
 
 def pid_group(pid: int) -> int | None:

@@ -18,6 +18,7 @@ from broker.pipeline.replay import replay_job_submit
 from broker.pipeline.selection import ReplaySpec
 from broker.services.queues import queue_create
 from rig.processes import Workers, wait_until
+from tests.conftest import SPARK_TEST_SETTINGS
 from tests.support.messages import dead_lettered
 from tests.support.replay import copies_per_source
 from workers.pipeline import STANDBY, replay_job_launch
@@ -75,8 +76,11 @@ def test_a_launch_runs_its_job_on_the_driver_started_ahead_and_readies_the_next(
     ahead = STANDBY.pid
     assert ahead is not None
     wait_for_standby(ahead)
-    # Below the deliveries (LAZARETTO_SPARK_NICENESS), from its start.
-    wait_until(lambda: os.getpriority(os.PRIO_PROCESS, ahead) == 10, timeout=30, what="niceness 10")
+    # At LAZARETTO_SPARK_NICENESS (the suite's), from its start.
+    niceness = int(SPARK_TEST_SETTINGS["LAZARETTO_SPARK_NICENESS"])
+    wait_until(
+        lambda: os.getpriority(os.PRIO_PROCESS, ahead) == niceness, timeout=30, what="niceness"
+    )
 
     job, drivers = launched(submit())
 
