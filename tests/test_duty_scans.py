@@ -40,12 +40,16 @@ def test_a_slow_sweep_rests_nine_times_as_long_before_the_next(monkeypatch):
     tasks.sweep()
     tasks.sweep()
     assert len(runs) == 1
-    # Still resting 1.5 s later (1.8 s in all)...
-    tasks._rest_until["sweep"] -= 1.5
+    # It took at least its 0.2 s, and rests nine times what it took: the
+    # rest ends 2 s or more after it began (more on a busy machine).
+    rest_until = tasks._rest_until["sweep"]
+    assert rest_until - runs[0] >= 10 * 0.2
+    # Still resting half a second before the rest is over...
+    tasks._rest_until["sweep"] = time.monotonic() + 0.5
     tasks.sweep()
     assert len(runs) == 1
-    # ...not once its rest is over.
-    tasks._rest_until["sweep"] -= 0.4
+    # ...not once it is.
+    tasks._rest_until["sweep"] = time.monotonic() - 0.01
     tasks.sweep()
     assert len(runs) == 2
 
