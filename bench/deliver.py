@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -485,7 +484,7 @@ def run_isolation(
     return results
 
 
-@contextmanager
+@contextlib.contextmanager
 def spark_busy(directory: Path) -> Iterator[None]:
     """A Spark Connect server of the bench, started as `make run` starts it
     (at LAZARETTO_SPARK_NICENESS), kept busy on every core until the block

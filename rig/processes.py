@@ -72,6 +72,21 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10) -> None:
     process.wait(timeout=timeout)
 
 
+def process_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (the state
+    first); empty once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def cpu_seconds(pid: int) -> float:
+    """The processor time process ``pid`` (all its threads) has used."""
+    fields = process_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _alive(pid: int) -> bool:
     """Running, and not a zombie waiting to be reaped."""
     try:

@@ -15,7 +15,7 @@ from django.db import connection
 
 from broker.models import AuditEvent, Message, MessageState, PoisonAlarm, Queue
 from broker.services.queues import queue_create, queue_update
-from rig.processes import Workers, spark_kept_busy, wait_until
+from rig.processes import Workers, cpu_seconds, spark_kept_busy, wait_until
 from tests.support.databases import scalar
 from tests.support.messages import settled, states
 from tests.support.publishing import published_each
@@ -210,12 +210,6 @@ def test_innocents_are_delivered_within_5_s_while_spark_takes_both_cores(
     # Spark was at work meanwhile: most of a core, on average, of the two.
     assert busy > 0.5, f"Spark took {busy:.2f} of a core"
     print(f"beside Spark ({busy:.2f} cores), crash detected to last innocent: {seconds:.2f} s")
-
-
-def cpu_seconds(pid: int) -> float:
-    """The processor time process ``pid`` (and its threads) has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_poison_message_is_purged_after_the_configured_crashes_and_never_delivered_again(

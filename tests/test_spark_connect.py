@@ -42,6 +42,7 @@ from rig.processes import (
     Workers,
     database_url_for_workers,
     free_port,
+    process_stat,
     wait_until,
 )
 from tests.conftest import SPARK_TEST_SETTINGS
@@ -396,16 +397,11 @@ def test_the_server_and_its_whole_process_group_run_at_the_spark_niceness(
     assert spark_connect_server.process is not None
     group = spark_connect_server.process.pid
     members = [
-        int(pid) for pid in os.listdir("/proc") if pid.isdigit() and pid_group(int(pid)) == group
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and process_stat(int(pid))[2:3] == [str(group)]
     ]
 
     assert members
     niceness = int(SPARK_TEST_SETTINGS["LAZARETTO_SPARK_NICENESS"])
     assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in members} == {niceness}
-
-
-def pid_group(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, ValueError, IndexError):
-        return None
