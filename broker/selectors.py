@@ -223,12 +223,6 @@ def queues_with_due_messages() -> list[DueQueue]:
         return [DueQueue(*row) for row in cursor.fetchall()]
 
 
-def messages_waiting(*, message_ids: list[int]) -> bool:
-    """Whether any of the messages still waits to be claimed (TBDL): one
-    primary-key probe each, on the live partition."""
-    return Message.objects.filter(id__in=message_ids, state=MessageState.TO_BE_DELIVERED).exists()
-
-
 def message_get(*, message_id: int) -> Message:
     try:
         return Message.objects.select_related("queue").get(id=message_id)

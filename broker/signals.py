@@ -8,8 +8,7 @@ from django.dispatch import Signal
 # or right after it, when that was one statement that committed on its own.
 # Receivers that act on the outside world must wait for the commit.
 # ``announced`` (default False): the sender's statement announced the queue
-# itself (``broker.services.delivery.queue_announce``). ``ids``: the
-# messages' ids, when the sender knows them (a publish). ``courier_waits``
+# itself (``broker.services.delivery.queue_announce``). ``courier_waits``
 # (default False): a courier waiting for the queue's announcements will
 # claim them, so no wake-up is needed (``broker.services.delivery``).
 messages_available = Signal()

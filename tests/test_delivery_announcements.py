@@ -11,18 +11,14 @@ import time
 from collections.abc import Callable
 
 import pytest
+import redis
 from django.db import connection, transaction
 
 from broker.models import Message, MessageState, Queue
-from broker.services.delivery import (
-    LISTENER_LOCK_CLASS,
-    RELIANCE_LOCK_CLASS,
-    queue_courier,
-    queue_deliver,
-)
+from broker.services.delivery import LISTENER_LOCK_CLASS, RELIANCE_LOCK_CLASS, queue_courier
 from broker.services.publish import NewMessage, messages_publish
 from broker.services.queues import queue_create
-from rig.processes import Workers, wait_until
+from rig.processes import RedisServer, Workers, wait_until
 from workers.tasks import deliver, wake
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -192,28 +188,40 @@ def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers, s
     assert time.monotonic() - started < 5
 
 
-def test_a_wake_up_for_messages_already_claimed_does_nothing(db, settings):
-    """The publish's wake-up task (``unless_claimed``: the published ids)
-    returns at once when a courier waiting for the queue has claimed them;
-    while one still waits, it delivers as any wake-up does."""
+def tasks_queued(server: RedisServer) -> int:
+    """Delivery tasks waiting in the broker (one list per priority)."""
+    client = redis.Redis.from_url(server.url)
+    return sum(client.llen(key) for key in client.scan_iter("deliveries*"))
+
+
+def test_a_publish_wake_up_is_coalesced_with_the_one_pending(redis_server, settings):
+    """Publishes made while a publish's wake-up task has yet to start send
+    none of their own: that task, once started, delivers their messages
+    too; a publish after it started sends its own."""
     settings.LAZARETTO_DELIVERY_TASK_SECONDS = 0.3
-    queue = queue_create(name="Q", consumer="noop", batch_size=1)
-    [first] = messages_publish(queue_name="Q", messages=[NewMessage(payload=b"1")])
-    # A courier waiting for the queue took it, as it would on the announcement.
-    assert queue_deliver(queue_id=queue.id, worker="test:1").acked == 1
-    [second, third] = messages_publish(
-        queue_name="Q", messages=[NewMessage(payload=b"2"), NewMessage(payload=b"3")]
-    )
-    state = dict(Message.objects.filter(queue=queue).values_list("id", "state"))
-    assert (state[first], state[second], state[third]) == ("DLVD", "TBDL", "TBDL")
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
+    for _ in range(3):
+        publish("Q")
+    assert tasks_queued(redis_server) == 1
 
-    deliver(queue.id, unless_claimed=[first])
-
-    assert delivered("Q") == 1  # the others were left to their own wake-ups
-
-    deliver(queue.id, unless_claimed=[first, second])
+    deliver(queue.id, coalesced=True)  # as a worker runs the task
 
     assert delivered("Q") == 3
+    publish("Q")
+    assert tasks_queued(redis_server) == 2
+
+
+def test_a_pending_wake_up_holds_publishes_back_for_a_second_at_most(redis_server, monkeypatch):
+    """A pending task lost with its worker or its Redis never starts: its
+    mark lapses, and the next publish sends a task again."""
+    monkeypatch.setattr("workers.tasks.WAKE_PENDING_SECONDS", 0.2)
+    queue_create(name="Q", consumer="noop", batch_size=10)
+    publish("Q")
+    publish("Q")
+    assert tasks_queued(redis_server) == 1
+    time.sleep(0.3)
+    publish("Q")
+    assert tasks_queued(redis_server) == 2
 
 
 def test_a_publish_sends_no_wake_up_task_while_a_courier_waits_for_its_queue(db, monkeypatch):

@@ -11,10 +11,12 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
+import redis
 from celery import Task
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -26,11 +28,7 @@ from broker.ha.guard import primary_duty
 from broker.metrics import DISPATCHER_LAG, SWEEPER_LAG
 from broker.models import BulkJob, Queue, ReplayJob, ReplayJobStatus
 from broker.pipeline.schedules import FIRE_TASK, schedule_fire
-from broker.selectors import (
-    messages_waiting,
-    queues_with_active_rules,
-    queues_with_due_messages,
-)
+from broker.selectors import queues_with_active_rules, queues_with_due_messages
 from broker.services.alarms import alarms_notify_due
 from broker.services.alerts import alerts_check
 from broker.services.bulk import bulk_job_run
@@ -92,19 +90,21 @@ def wake(
     tasks: int = 1,
     expires: float = 60.0,
     successor: bool = False,
-    unless_claimed: list[int] | None = None,
+    coalesce: bool = False,
     priority: int = 0,
 ) -> None:
     """Ask workers to deliver from a queue, best effort; a ``successor``
     takes over the waiting for the queue's announcements from the task that
-    asks for it; a task woken ``unless_claimed`` (message ids) does nothing
-    when none of those messages waits any more as it starts.
+    asks for it; with ``coalesce``, no task is sent while one sent so for
+    the queue has yet to start (``WAKE_PENDING_SECONDS``).
 
     A delivery task that outlives its time limit (a hung consumer) is killed
     with its worker process, which the sweeper counts as a crash.
     """
-    options: dict[str, Any] = {"successor": successor, "unless_claimed": unless_claimed}
+    options: dict[str, Any] = {"successor": successor, "coalesced": coalesce}
     try:
+        if coalesce and not _wake_pending_mark(queue_id):
+            return
         for _ in range(tasks):
             deliver.apply_async(
                 (queue_id,),
@@ -116,6 +116,50 @@ def wake(
             )
     except Exception as error:  # Redis down: the periodic dispatch will catch up
         logger.warning("could not wake queue %s: %s", queue_id, error)
+
+
+# A publish that finds no courier waiting wakes a task, unless a task woken
+# so for the queue has yet to start. At 1,000 publishes a second with both
+# processes delivering, a task for each publish was hundreds a second, each
+# finding its messages claimed: half the publish's processor time (1 of 2
+# ms) and a worker's turn each. The pending task is marked by a key in the
+# broker's Redis, set as it is sent and deleted by the task as it starts,
+# before it claims: a publish that finds the key committed before that
+# claim, which sees its messages. The key lapses after this long, so a task
+# lost with its worker or its Redis holds wake-ups back no longer than the
+# dispatch would.
+WAKE_PENDING_SECONDS = 1.0
+
+
+def _wake_pending_key(queue_id: int) -> str:
+    return f"lazaretto:wake-pending:{int(queue_id)}"
+
+
+@contextmanager
+def _broker_redis() -> Iterator[redis.Redis]:
+    """A client of the broker's Redis, from Celery's pool of connections."""
+    with (
+        app.pool.acquire(block=True) as connection,
+        connection.default_channel.conn_or_acquire() as client,
+    ):
+        yield client
+
+
+def _wake_pending_mark(queue_id: int) -> bool:
+    """Mark a coalesced wake-up of the queue pending; False if one is."""
+    milliseconds = round(WAKE_PENDING_SECONDS * 1000)
+    with _broker_redis() as client:
+        return bool(client.set(_wake_pending_key(queue_id), 1, nx=True, px=milliseconds))
+
+
+def _wake_pending_clear(queue_id: int) -> None:
+    """The coalesced wake-up of the queue has started: later publishes
+    send their own."""
+    try:
+        with _broker_redis() as client:
+            client.delete(_wake_pending_key(queue_id))
+    except Exception as error:  # the mark lapses on its own
+        logger.warning("could not clear the pending wake-up of queue %s: %s", queue_id, error)
 
 
 # Redis hands a worker the tasks of priority 0 (the default: the dispatch's,
@@ -141,16 +185,14 @@ def wake_when_available(
     queue: Queue,
     count: int,
     announced: bool = False,
-    ids: list[int] | None = None,
     courier_waits: bool = False,
     **kwargs: Any,
 ) -> None:
     """Announce the queue (unless the sender did) and, after the commit,
     wake a delivery task for each batch of the messages, unless they are one
     batch that a courier waiting for the queue's announcements will claim
-    (``courier_waits``). A single task for messages whose ids are known is
-    needed only if they still wait when it starts: a courier listening for
-    the queue's announcements has usually claimed them by then."""
+    (``courier_waits``). A single task is coalesced with one still pending
+    for the queue, which will find these messages."""
     if not announced:
         queue_announce(queue_id=queue.id)
     tasks = _fanout(count, queue.batch_size)
@@ -161,7 +203,7 @@ def wake_when_available(
             queue_id=queue.id,
             lease_seconds=queue.lease_seconds,
             tasks=tasks,
-            unless_claimed=ids if tasks == 1 else None,
+            coalesce=tasks == 1,
             priority=PUBLISH_WAKE_PRIORITY,
         ),
         robust=True,
@@ -192,9 +234,7 @@ class Drained(enum.Enum):
 
 
 @app.task(name="lazaretto.deliver", acks_late=True, ignore_result=True)
-def deliver(
-    queue_id: int, successor: bool = False, unless_claimed: list[int] | None = None
-) -> None:
+def deliver(queue_id: int, successor: bool = False, coalesced: bool = False) -> None:
     """Deliver batches (or suspects, each alone) of a queue until it has
     nothing due or the task's time budget is spent; then hand over. Having
     emptied the queue with budget left, wait for the queue to be announced
@@ -203,11 +243,10 @@ def deliver(
     woken for messages another task delivered: it returns at once, leaving
     its process to the tasks queued behind it (of other queues, whose
     announcements it could not have heard). A ``successor`` waits for its
-    predecessor's place whatever it finds. ``unless_claimed``: woken for
-    these messages, which a courier waiting for the queue's announcements
-    may have claimed already: then there is nothing to do."""
-    if unless_claimed and not messages_waiting(message_ids=unless_claimed):
-        return
+    predecessor's place whatever it finds. A ``coalesced`` wake-up clears
+    its queue's mark before it claims anything."""
+    if coalesced:
+        _wake_pending_clear(queue_id)
     budget_ends = time.monotonic() + settings.LAZARETTO_DELIVERY_TASK_SECONDS
     with queue_courier(queue_id=queue_id) as courier:
         if courier is None:

@@ -334,7 +334,6 @@ def _publish(
             queue=queue,
             count=len(messages),
             announced=True,
-            ids=ids,
             courier_waits=courier_waits,
         )
         return {queue.id: ids}
@@ -354,9 +353,7 @@ def _publish(
         discard_excess(limited)
         for target in targets:
             minute_count(queue_id=target.queue.id, published=len(messages))
-            messages_available.send(
-                sender=Queue, queue=target.queue, count=len(messages), ids=written[target.queue.id]
-            )
+            messages_available.send(sender=Queue, queue=target.queue, count=len(messages))
     return written
 
 
