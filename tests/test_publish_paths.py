@@ -11,9 +11,14 @@ import psycopg
 import pytest
 from django.db import transaction
 
-from broker.models import Message
+from broker.models import Message, Queue
 from broker.services.delivery import WAKE_CHANNEL
-from broker.services.publish import INSERT_MAX_MESSAGES, NewMessage, messages_publish
+from broker.services.publish import (
+    INSERT_MAX_MESSAGES,
+    NewMessage,
+    _queue_for_publish,
+    messages_publish,
+)
 from broker.services.queues import queue_create
 from rig.processes import database_url_for_workers
 from tests.support.messages import payload_of, totals
@@ -87,3 +92,27 @@ def test_a_small_publish_is_announced_once_at_its_commit_and_not_on_a_rollback(d
 
     assert heard == [str(queue.id), str(queue.id)]
     assert Message.objects.filter(queue=queue).count() == 6
+
+
+def test_the_queue_a_publish_reads_is_the_one_the_orm_reads(db):
+    """The publish reads its queue with a statement of its own; every field
+    comes back as the ORM gives it (none needs a converter)."""
+    queue_create(
+        name="Q",
+        consumer="noop",
+        batch_size=7,
+        max_messages=50,
+        overflow="discard_old",
+        webhook_timeout=2.5,
+        suspect_delay_seconds=0.25,
+        paused=True,
+    )
+    expected = Queue.objects.get(name="Q")
+
+    read = _queue_for_publish("Q")
+
+    assert [getattr(read, f.attname) for f in Queue._meta.concrete_fields] == [
+        getattr(expected, f.attname) for f in Queue._meta.concrete_fields
+    ]
+    assert read.dead_letter_queue == expected.dead_letter_queue is not None
+    assert not read._state.adding

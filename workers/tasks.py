@@ -8,11 +8,11 @@ messages each second and wakes it again.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -135,29 +135,28 @@ def _wake_pending_key(queue_id: int) -> str:
     return f"lazaretto:wake-pending:{int(queue_id)}"
 
 
-@contextmanager
-def _broker_redis() -> Iterator[redis.Redis]:
-    """A client of the broker's Redis, from Celery's pool of connections."""
-    with (
-        app.pool.acquire(block=True) as connection,
-        connection.default_channel.conn_or_acquire() as client,
-    ):
-        yield client
+@functools.cache
+def _redis_at(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+
+
+def _broker_redis() -> redis.Redis:
+    """A client of the Redis Celery sends tasks to: one a process, where a
+    client from kombu's pool costs as much again as the command."""
+    return _redis_at(app.conf.broker_write_url or app.conf.broker_url)
 
 
 def _wake_pending_mark(queue_id: int) -> bool:
     """Mark a coalesced wake-up of the queue pending; False if one is."""
     milliseconds = round(WAKE_PENDING_SECONDS * 1000)
-    with _broker_redis() as client:
-        return bool(client.set(_wake_pending_key(queue_id), 1, nx=True, px=milliseconds))
+    return bool(_broker_redis().set(_wake_pending_key(queue_id), 1, nx=True, px=milliseconds))
 
 
 def _wake_pending_clear(queue_id: int) -> None:
     """The coalesced wake-up of the queue has started: later publishes
     send their own."""
     try:
-        with _broker_redis() as client:
-            client.delete(_wake_pending_key(queue_id))
+        _broker_redis().delete(_wake_pending_key(queue_id))
     except Exception as error:  # the mark lapses on its own
         logger.warning("could not clear the pending wake-up of queue %s: %s", queue_id, error)
 

@@ -3,6 +3,7 @@ one transaction within the targets' max-messages limits."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -211,11 +212,28 @@ def _headers_problem(headers: Any) -> str | None:
     return None
 
 
+@functools.cache
+def _queue_by_name() -> tuple[str, list[str]]:
+    """The statement that reads a queue by name, and its columns' attributes."""
+    fields = Queue._meta.concrete_fields
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    return (
+        f"SELECT {columns} FROM {Queue._meta.db_table} WHERE name = %s",  # noqa: S608
+        [field.attname for field in fields],
+    )
+
+
 def _queue_for_publish(queue_name: str) -> Queue:
-    try:
-        queue = Queue.objects.get(name=queue_name)
-    except Queue.DoesNotExist:
-        raise QueueNotFound(f"There is no queue named {queue_name!r}.") from None
+    # Read with a statement made once: the ORM compiled its query of the
+    # queue's 31 columns on every publish, 0.35 ms of processor time, a
+    # quarter of a small publish's. No column needs a converter.
+    sql, attributes = _queue_by_name()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [queue_name])
+        row = cursor.fetchone()
+    if row is None:
+        raise QueueNotFound(f"There is no queue named {queue_name!r}.")
+    queue = Queue.from_db(connection.alias, attributes, row)
     if queue.is_dead_letter:
         raise QueueIsDeadLetter(
             f"{queue.name} is a dead-letter queue; messages arrive there only by dead-lettering."
