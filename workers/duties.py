@@ -89,6 +89,14 @@ class DutiesAndSchedules(_DatabaseScheduler):
     def duty_entry(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
         return fields
 
+    def adjust(self, n: float, drift: float = 0.0) -> float:
+        """The wait until the next entry is due, whole. Celery's takes 10 ms
+        off, and beat (as the node's sending thread) ticks again at once
+        while the wait is not positive: it spun for the last 10 ms before
+        every send, 11 % of a core with the sweep and the dispatch four
+        times a second each."""
+        return n
+
     def setup_schedule(self) -> None:
         """The duties only: django-celery-beat would store them (and its own
         result clean-up) as periodic tasks."""
