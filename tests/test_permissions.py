@@ -264,18 +264,24 @@ def world(admin) -> dict[str, int]:
     }
 
 
-def caller(role: Role | None, api: bool) -> Client:
+def signed_in(user: User, api: bool) -> Client:
+    """A client of the API with a token of ``user``'s, or of the console
+    logged in as ``user``."""
     client: Client = APIClient() if api else Client()
-    if role is None:
-        return client
-    user = User.objects.create_user(username=f"{GROUPS[role]}-{int(api)}", password="x" * 12)
-    user.groups.add(Group.objects.get_or_create(name=GROUPS[role])[0])
     if api:
         _, key = token_create(user=user, name="matrix")
         client.credentials(HTTP_AUTHORIZATION=f"Token {key}")  # type: ignore[attr-defined]
     else:
         client.force_login(user)
     return client
+
+
+def caller(role: Role | None, api: bool) -> Client:
+    if role is None:
+        return APIClient() if api else Client()
+    user = User.objects.create_user(username=f"{GROUPS[role]}-{int(api)}", password="x" * 12)
+    user.groups.add(Group.objects.get_or_create(name=GROUPS[role])[0])
+    return signed_in(user, api)
 
 
 def refusal(role: Role | None, api: bool) -> tuple[int, ...]:
@@ -314,16 +320,10 @@ INSTALLATION_WIDE_WRITES = {("topic-new", "POST"), ("api-topics", "POST"), ("api
 
 def granted_caller(role: Role, api: bool) -> Client:
     """A user in no role group who holds ``role`` on every queue (``*``) by grant."""
-    client: Client = APIClient() if api else Client()
     name = f"granted-{GROUPS[role]}-{int(api)}"
     user = User.objects.create_user(username=name, password="x" * 12)
     grant_add(pattern="*", role=GROUPS[role], to=Grantee(user=name), actor=None)
-    if api:
-        _, key = token_create(user=user, name="matrix")
-        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")  # type: ignore[attr-defined]
-    else:
-        client.force_login(user)
-    return client
+    return signed_in(user, api)
 
 
 @pytest.mark.parametrize("who", ["viewer", "operator", "admin"])
