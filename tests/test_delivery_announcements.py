@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import redis
@@ -191,7 +192,7 @@ def test_a_waiting_worker_gives_its_process_up_to_another_queue(quiet_workers, s
 def tasks_queued(server: RedisServer) -> int:
     """Delivery tasks waiting in the broker (one list per priority)."""
     client = redis.Redis.from_url(server.url)
-    return sum(client.llen(key) for key in client.scan_iter("deliveries*"))
+    return sum(cast(int, client.llen(key)) for key in client.scan_iter("deliveries*"))
 
 
 def test_a_publish_wake_up_is_coalesced_with_the_one_pending(redis_server, settings):
