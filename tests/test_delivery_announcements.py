@@ -215,12 +215,12 @@ def test_a_publish_wake_up_is_coalesced_with_the_one_pending(redis_server, setti
 def test_a_pending_wake_up_holds_publishes_back_for_a_second_at_most(redis_server, monkeypatch):
     """A pending task lost with its worker or its Redis never starts: its
     mark lapses, and the next publish sends a task again."""
-    monkeypatch.setattr("workers.tasks.WAKE_PENDING_SECONDS", 0.2)
+    monkeypatch.setattr("workers.tasks.WAKE_PENDING_SECONDS", 0.5)
     queue_create(name="Q", consumer="noop", batch_size=10)
     publish("Q")
     publish("Q")
     assert tasks_queued(redis_server) == 1
-    time.sleep(0.3)
+    time.sleep(0.6)
     publish("Q")
     assert tasks_queued(redis_server) == 2
 
