@@ -216,11 +216,16 @@ def test_a_pending_wake_up_holds_publishes_back_for_a_second_at_most(redis_serve
     """A pending task lost with its worker or its Redis never starts: its
     mark lapses, and the next publish sends a task again."""
     monkeypatch.setattr("workers.tasks.WAKE_PENDING_SECONDS", 0.5)
-    queue_create(name="Q", consumer="noop", batch_size=10)
+    queue = queue_create(name="Q", consumer="noop", batch_size=10)
     publish("Q")
     publish("Q")
     assert tasks_queued(redis_server) == 1
-    time.sleep(0.6)
+    client = redis.Redis.from_url(redis_server.url)
+    wait_until(
+        lambda: not client.exists(f"lazaretto:wake-pending:{queue.id}"),
+        timeout=5,
+        what="the pending wake-up's mark lapsed",
+    )
     publish("Q")
     assert tasks_queued(redis_server) == 2
 
