@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.core.validators import RegexValidator
+from django.http import HttpResponse
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import OpenApiResponse
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
 from rest_framework.request import Request
-from rest_framework.response import Response
 
 from console.api.fields import NO_NUL, NOT_BLANK
 
@@ -37,26 +38,48 @@ class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
     )
 
 
+# drf-spectacular's django-filter extension asks, once per process, whether
+# GeoDjango is there by importing it, which looks for the GDAL library with
+# ctypes (a dozen ldconfig, gcc and ld runs, a second of processor time)
+# before it fails: the console does not install GeoDjango.
+DjangoFilterExtension._has_gis = False  # type: ignore[attr-defined]
+
+
 class SchemaView(SpectacularAPIView):
-    """``/api/schema/``: generated once per process and API version. The
-    schema is the code's, the same for every caller (``SERVE_PUBLIC``), and
-    generating it took a third of a second of a server's processor on every
-    visit to the API's docs."""
+    """``/api/schema/``: generated once per process and API version, and
+    rendered once per format. The schema is the code's, the same for every
+    caller (``SERVE_PUBLIC``): generating it took a third of a second of a
+    server's processor on every visit to the API's docs, and writing it out
+    as YAML as long again."""
 
     generated: ClassVar[dict[str | None, dict[str, Any]]] = {}
+    rendered: ClassVar[dict[tuple[str | None, str], tuple[bytes, str]]] = {}
 
-    def _get_schema_response(self, request: Request) -> Response:
+    def _get_schema_response(self, request: Request) -> HttpResponse:
         version = self.api_version or request.version or self._get_version_parameter(request)
-        if version not in self.generated:
-            generator = self.generator_class(
-                urlconf=self.urlconf, api_version=version, patterns=self.patterns
+        key = (version, str(request.accepted_media_type))
+        if key not in self.rendered:
+            if version not in self.generated:
+                generator = self.generator_class(
+                    urlconf=self.urlconf, api_version=version, patterns=self.patterns
+                )
+                self.generated[version] = generator.get_schema(
+                    request=request, public=self.serve_public
+                )
+            # What a DRF Response would do with the renderer negotiated.
+            renderer = request.accepted_renderer
+            body = renderer.render(
+                self.generated[version], request.accepted_media_type, self.get_renderer_context()
             )
-            self.generated[version] = generator.get_schema(
-                request=request, public=self.serve_public
-            )
+            if isinstance(body, str):
+                body = body.encode(renderer.charset or "utf-8")
+            charset = f"; charset={renderer.charset}" if renderer.charset else ""
+            self.rendered[key] = (body, f"{renderer.media_type}{charset}")
+        body, content_type = self.rendered[key]
         filename = self._get_filename(request, version)
-        return Response(
-            data=self.generated[version],
+        return HttpResponse(
+            body,
+            content_type=content_type,
             headers={"Content-Disposition": f'inline; filename="{filename}"'},
         )
 
