@@ -64,14 +64,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # the interpreter starts, so a command whose environment sets one of them
 # otherwise than the server's runs as a subprocess.
 APPLIED_IN_THE_CHILD = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
+LOCALE_AND_TIME_ZONE = {"LANG", "LANGUAGE", "TZ"}
 
 
 def _fixed_at_start(name: str) -> bool:
-    return (name.startswith(("PYTHON", "LC_")) and name not in APPLIED_IN_THE_CHILD) or name in {
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-    }
+    if name in APPLIED_IN_THE_CHILD:
+        return False
+    return name.startswith(("PYTHON", "LC_")) or name in LOCALE_AND_TIME_ZONE
 
 
 # What a child with Django set up imports, for the server to import before

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections import Counter
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 
@@ -188,6 +189,13 @@ def test_innocents_are_delivered_within_5_s_of_the_crash_being_detected(
     print(f"crash detected to last innocent delivered: {seconds:.2f} s")
 
 
+def computing(pid: int, over: float = 0.5) -> bool:
+    """Whether process ``pid`` used more than half a core over the next ``over`` seconds."""
+    before = cpu_seconds(pid)
+    time.sleep(over)
+    return (cpu_seconds(pid) - before) / over > 0.5
+
+
 def test_innocents_are_delivered_within_5_s_while_spark_takes_both_cores(
     start_workers, spark_connect_server
 ):
@@ -201,6 +209,9 @@ def test_innocents_are_delivered_within_5_s_while_spark_takes_both_cores(
 
     server = spark_connect_server.process.pid
     with spark_kept_busy(spark_connect_server.url):
+        # From when Spark computes (its session up, its first query past
+        # planning): over half a second, more than half a core.
+        wait_until(partial(computing, server), timeout=60, interval=0, what="Spark to be at work")
         before, started = cpu_seconds(server), time.monotonic()
         poison, innocents, seconds = isolate(workers, queue, payloads, {57})
         busy = (cpu_seconds(server) - before) / (time.monotonic() - started)
