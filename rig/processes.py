@@ -25,8 +25,6 @@ from typing import Any, TypeVar
 
 from django.db import connection
 
-from rig import forkserver
-
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
@@ -67,7 +65,7 @@ def database_url_for_workers() -> str:
     )
 
 
-def _stop(process: forkserver.Process, timeout: float = 10) -> None:
+def _stop(process: subprocess.Popen[bytes], timeout: float = 10) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -212,7 +210,7 @@ class Workers:
     pipeline: bool = False
     # Beat sends the scheduled duties; without it a broker node does.
     beat: bool = True
-    processes: dict[str, forkserver.Process] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def record_file(self) -> Path:
@@ -271,7 +269,7 @@ class Workers:
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with (self.directory / f"{name}.log").open("wb") as log:
-            self.processes[name] = forkserver.popen(
+            self.processes[name] = subprocess.Popen(
                 command,
                 cwd=ROOT,
                 env=self.env(),

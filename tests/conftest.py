@@ -27,7 +27,6 @@ from broker.models import Queue
 from broker.services.publish import NewMessage
 from broker.services.queues import queue_create
 from console.tokens import token_create
-from rig import forkserver
 from rig.processes import (
     RedisServer,
     SparkConnectServer,
@@ -272,24 +271,6 @@ def spark_env(
 
 
 # --- what each pytest process keeps to itself ---------------------------------
-
-
-@pytest.fixture(scope="session", autouse=True)
-def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The processes the rig starts in this pytest process (Celery workers,
-    ``manage.py`` commands) are forked from a server that has imported the
-    libraries once (rig.forkserver), started by the first of them; with
-    LAZARETTO_TEST_FORK_SERVER=0 each is a new interpreter."""
-    if os.environ.get("LAZARETTO_TEST_FORK_SERVER", "1") == "0":
-        yield
-        return
-    server = forkserver.ForkServer(log=tmp_path_factory.mktemp("fork-server") / "server.log")
-    forkserver.SERVER = server
-    try:
-        yield
-    finally:
-        forkserver.SERVER = None
-        server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,20 +9,23 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from rig import forkserver
 from rig.processes import ROOT
 
 
 def manage(
     *args: str, environ: Mapping[str, str] | None = None, timeout: float = 60, **overrides: str
 ) -> subprocess.CompletedProcess[str]:
-    """``python manage.py *args`` in the project (forked from the fork
-    server when the session has one: rig.forkserver), its output captured as text.
+    """``python manage.py *args`` in the project, its output captured as text.
     Its environment is ``environ``, by default this process's with DEBUG on,
     and ``overrides`` on top."""
     base = {**os.environ, "DEBUG": "1"} if environ is None else environ
-    return forkserver.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **overrides}, timeout=timeout
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **overrides},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
